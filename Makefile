@@ -1,0 +1,46 @@
+# Two commands for a fresh machine: `make book` and `make test` (see README.md).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+# The pinned torch goes in first so that nothing pulls a multi-GB CUDA build by accident. On a
+# machine where PyPI's torch is a CUDA build and you want the CPU one, run e.g.
+#   make book TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX   ?=
+JOBS   ?= 2
+
+.PHONY: help install book test test-fast student clean
+
+help:
+	@echo "make book   build the website into _build/html (creates $(VENV), executes every chapter)"
+	@echo "make test   build the book, then run all tests: package, Triton interpreter, course kit, nbval, browser"
+	@echo "make test-fast   package tests only (no notebooks, no browser)"
+	@echo "make student     write the student bundle (solutions stripped) into student/"
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install -q -e ".[book,course,test,gpu]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (attnbook)" >/dev/null
+	touch $(STAMP)
+
+install: $(STAMP)
+
+book: $(STAMP)
+	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
+	@echo
+	@echo "The book is built: open file://$(CURDIR)/_build/html/index.html"
+
+test: book
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax tests book
+
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n $(JOBS) tests --ignore=tests/test_site.py --ignore=tests/test_course.py
+
+student: $(STAMP)
+	$(BIN)/python -m attnbook.course student student
+
+clean:
+	rm -rf _build student

@@ -1,0 +1,1 @@
+"""Triton GPU kernels (FlashAttention, block-sparse, decoding). Imported lazily: ``triton`` is optional."""

@@ -1,0 +1,51 @@
+"""Small helpers every chapter uses: reproducible seeds, the default device, showing source code."""
+
+from __future__ import annotations
+
+import inspect
+import os
+import random
+
+import numpy as np
+import torch
+
+__all__ = ["seed_everything", "default_device", "show_source"]
+
+
+def seed_everything(seed: int = 0) -> torch.Generator:
+    """Seed Python's, NumPy's and PyTorch's generators (CPU and CUDA) and return a torch Generator.
+
+    Returning a seeded ``torch.Generator`` lets code pass randomness explicitly (``generator=``)
+    instead of relying on the global state.
+    """
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    os.environ["PYTHONHASHSEED"] = str(seed)
+    return torch.Generator().manual_seed(seed)
+
+
+def default_device() -> torch.device:
+    """``cuda`` when a GPU is visible, else ``cpu``. ``ATTNBOOK_DEVICE`` overrides it."""
+    if "ATTNBOOK_DEVICE" in os.environ:
+        return torch.device(os.environ["ATTNBOOK_DEVICE"])
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def show_source(obj) -> str:
+    """Show the source of a function or class, syntax-highlighted in a notebook; returns the text.
+
+    Chapters use it to show the tested implementation from ``attnbook`` instead of a copy.
+    """
+    source = inspect.getsource(obj)
+    try:
+        from IPython import get_ipython
+        from IPython.display import Code, display
+
+        if get_ipython() is not None:
+            display(Code(source, language="python"))
+            return source
+    except ImportError:  # pragma: no cover - IPython is always present with the book extras
+        pass
+    print(source)
+    return source
