@@ -100,6 +100,53 @@ def _assert_close(actual, expected, what: str, atol: float = 1e-5, rtol: float =
 # ---------------------------------------------------------------------------------------------
 # Chapter 1: attention fundamentals
 # ---------------------------------------------------------------------------------------------
+@register(
+    "ch01-masked-softmax",
+    hint="divide by the temperature, fill masked scores with -inf, subtract the row maximum before exp, "
+    "and set rows with no allowed key to zero (their maximum is -inf).",
+)
+def _check_ch01_masked_softmax(student) -> None:
+    """``student(scores, mask=None, temperature=1.0)`` must equal :func:`attnbook.core.masked_softmax`."""
+    from .core import masked_softmax
+
+    gen = torch.Generator().manual_seed(101)
+    scores = torch.randn(2, 3, 5, 7, generator=gen) * 3
+    mask = torch.rand(2, 1, 5, 7, generator=gen) > 0.3
+    mask[0, 0, 2] = False  # a query with nothing to attend to
+    cases = [
+        ("no mask, T = 1", (scores,), {}, masked_softmax(scores)),
+        ("temperature 0.5", (scores,), {"temperature": 0.5}, masked_softmax(scores, temperature=0.5)),
+        ("boolean mask, T = 2", (scores, mask), {"temperature": 2.0}, masked_softmax(scores, mask, 2.0)),
+        ("scores around 1000 (overflow test)", (scores + 1000.0, mask), {}, masked_softmax(scores + 1000.0, mask)),
+    ]
+    for what, args, kwargs, expected in cases:
+        actual = student(*args, **kwargs)
+        assert isinstance(actual, torch.Tensor), f"{what}: return a torch.Tensor, got {type(actual).__name__}."
+        assert not torch.isnan(actual).any(), f"{what}: your weights contain NaN."
+        _assert_close(actual, expected, what)
+
+
+@register(
+    "ch01-multi-head",
+    hint="project with mha.q_proj / k_proj / v_proj, reshape (B, T, d_model) -> (B, T, h, d_model // h) and "
+    "transpose to (B, h, T, head_dim), attend per head, transpose back, reshape to (B, L, d_model), apply out_proj.",
+)
+def _check_ch01_multi_head(student) -> None:
+    """``student(mha, x, context=None)`` must equal ``mha(x, context)`` for self- and cross-attention."""
+    from .core import MultiHeadAttention
+
+    gen = torch.Generator().manual_seed(102)
+    for d_model, n_heads, L, S in [(8, 1, 3, 3), (12, 3, 5, 5), (16, 4, 4, 6)]:
+        with torch.random.fork_rng(devices=[]):  # seed the layer's initial weights, leave the caller's RNG alone
+            torch.manual_seed(d_model)
+            mha = MultiHeadAttention(d_model, n_heads).eval()
+        x = torch.randn(2, L, d_model, generator=gen)
+        context = torch.randn(2, S, d_model, generator=gen)
+        with torch.no_grad():
+            if L == S:
+                _assert_close(student(mha, x), mha(x), f"self-attention, d_model={d_model}, n_heads={n_heads}")
+            _assert_close(student(mha, x, context), mha(x, context),
+                          f"cross-attention, d_model={d_model}, n_heads={n_heads}, L={L}, S={S}")
 
 
 # ---------------------------------------------------------------------------------------------

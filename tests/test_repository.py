@@ -1,0 +1,168 @@
+"""The repository keeps its promises: layout, one list of dependencies, notebooks wired into the book."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _toc_files(entries) -> list[str]:
+    files = []
+    for entry in entries or []:
+        if "file" in entry:
+            files.append(entry["file"])
+        for key in ("chapters", "sections", "parts"):
+            files += _toc_files(entry.get(key))
+    return files
+
+
+def test_top_level_layout():
+    for name in ["README.md", "environment.yml", "pyproject.toml", "Makefile", "_config.yml", "_toc.yml",
+                 "references.bib", "intro.md", "book", "attnbook", "tests", "benchmarks", ".ci/run"]:
+        assert (ROOT / name).exists(), f"{name} is missing from the top level"
+
+
+def test_there_are_chapters():
+    assert len(NOTEBOOKS) >= 2, f"expected the chapter notebooks in book/, found {NOTEBOOKS}"
+
+
+def test_every_notebook_is_in_the_toc():
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    listed = set(_toc_files(toc.get("parts")) + _toc_files(toc.get("chapters")))
+    for nb in NOTEBOOKS:
+        assert f"book/{nb.stem}" in listed, f"{nb.name} is not listed in _toc.yml"
+    for entry in listed:
+        assert any((ROOT / f"{entry}{ext}").exists() for ext in (".ipynb", ".md")), f"_toc.yml lists missing {entry}"
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_starts_with_the_install_cell(nb_path):
+    nb = json.loads(nb_path.read_text())
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    first = "".join(code[0]["source"])
+    url = CONFIG["repository"]["url"]
+    branch = CONFIG["repository"]["branch"]
+    assert "import attnbook" in first and "except ImportError" in first, "first code cell must be the install cell"
+    pinned = re.search(r"git\+(\S+?)@([\w.\-]+)\"", first)
+    assert pinned, "the install cell must pip-install attnbook from the repository (git+URL@ref)"
+    assert pinned.group(1) == url, f"install URL {pinned.group(1)} differs from _config.yml's {url}"
+    assert pinned.group(2) == branch, f"install cell must install from _config.yml's branch {branch}"
+    setup = "".join(code[1]["source"])
+    assert "seed_everything" in setup and "default_device" in setup, "second code cell: imports, seed, device"
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_committed_without_outputs(nb_path):
+    nb = json.loads(nb_path.read_text())
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code":
+            assert not cell.get("outputs") and cell.get("execution_count") is None, f"cell {i} has outputs"
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_has_exercises_with_checks(nb_path):
+    nb = json.loads(nb_path.read_text())
+    text = "\n".join("".join(c["source"]) for c in nb["cells"])
+    exercises = re.findall(r"```\{exercise\}", text)
+    assert len(exercises) >= 3, f"{nb_path.name} has {len(exercises)} exercises, needs at least 3"
+    for cell in nb["cells"]:
+        src = "".join(cell["source"])
+        if "### BEGIN SOLUTION" in src:
+            tags = cell.get("metadata", {}).get("tags", [])
+            assert {"solution", "hide-input"} <= set(tags), f"solution cell without solution/hide-input tags: {src[:60]}"
+            assert src.count("### BEGIN SOLUTION") == src.count("### END SOLUTION")
+    labels = re.findall(r":label: (\S+)", text)
+    for label in re.findall(r"exercises\.check\(\"([^\"]+)\"", text):
+        assert label in labels, f"check label {label} has no exercise with that :label:"
+
+
+def test_notebooks_define_no_subject_functions_outside_exercises():
+    """The triangle: chapters import attention code from attnbook instead of redefining it."""
+    for nb_path in NOTEBOOKS:
+        nb = json.loads(nb_path.read_text())
+        for cell in nb["cells"]:
+            src = "".join(cell["source"])
+            if cell["cell_type"] != "code" or "### BEGIN SOLUTION" in src:
+                continue
+            for name in re.findall(r"^def (\w+)", src, flags=re.M):
+                assert "attention" not in name and "softmax" not in name, (
+                    f"{nb_path.name} defines {name}(): subject code belongs in attnbook"
+                )
+
+
+def test_environment_yml_installs_the_pyproject_extras():
+    env = yaml.safe_load((ROOT / "environment.yml").read_text())
+    pip_entries = [d for d in env["dependencies"] if isinstance(d, dict)][0]["pip"]
+    assert len(pip_entries) == 1, "environment.yml must not carry a second list of packages"
+    extras = re.fullmatch(r"-e \.\[(.+)\]", pip_entries[0])
+    assert extras, f"environment.yml should install '-e .[extras]', got {pip_entries[0]}"
+    declared = set(PYPROJECT["project"]["optional-dependencies"])
+    assert set(extras.group(1).split(",")) == declared, "environment.yml must install every pyproject extra"
+    conda_only = [d for d in env["dependencies"] if isinstance(d, str)]
+    assert all(re.fullmatch(r"python(=[\d.]+)?|pip", d) for d in conda_only), conda_only
+    python = next(d for d in conda_only if d.startswith("python"))
+    minimum = PYPROJECT["project"]["requires-python"].removeprefix(">=")
+    assert tuple(map(int, python.split("=")[1].split("."))) >= tuple(map(int, minimum.split(".")))
+
+
+def test_makefile_installs_the_same_extras_and_pins_torch_first():
+    makefile = (ROOT / "Makefile").read_text()
+    extras = re.search(r'-e "\.\[(.+?)\]"', makefile).group(1)
+    assert set(extras.split(",")) == set(PYPROJECT["project"]["optional-dependencies"])
+    torch_line = makefile.index("torch==$(TORCH_VERSION)")
+    assert torch_line < makefile.index('-e ".['), "the pinned torch must be installed before attnbook"
+
+
+def test_ci_runs_the_readme_test_command():
+    ci = (ROOT / ".ci/run").read_text()
+    readme = (ROOT / "README.md").read_text()
+    assert "make test" in ci and "make test" in readme and "make book" in readme
+    assert readme.index("make book") < 1200, "the two commands belong at the top of the README"
+
+
+def test_runtime_dependencies_stay_small():
+    deps = {re.split(r"[<>=!\[ ]", d)[0] for d in PYPROJECT["project"]["dependencies"]}
+    assert deps == {"torch", "numpy", "matplotlib", "seaborn", "ipywidgets", "tqdm"}
+    assert PYPROJECT["project"]["requires-python"] == ">=3.10"
+    book = " ".join(PYPROJECT["project"]["optional-dependencies"]["book"])
+    assert "jupyter-book>=1.0,<2" in book
+
+
+def test_config_sets_the_launch_buttons_and_execution():
+    assert CONFIG["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
+    assert CONFIG["repository"]["branch"] == "main"
+    assert CONFIG["html"]["use_repository_button"] and CONFIG["html"]["use_issues_button"]
+    assert CONFIG["execute"]["execute_notebooks"] == "cache" and CONFIG["execute"]["timeout"] > 0
+    assert "sphinx_exercise" in CONFIG["sphinx"]["extra_extensions"]
+
+
+def test_every_cited_key_exists_in_references_bib():
+    bib_keys = set(re.findall(r"@\w+\{([^,]+),", (ROOT / "references.bib").read_text()))
+    sources = [ROOT / "intro.md", *NOTEBOOKS, *(ROOT / "book").glob("*.md")]
+    for path in sources:
+        for group in re.findall(r"\{cite(?::\w+)?\}`([^`]+)`", path.read_text()):
+            for key in group.split(","):
+                assert key.strip() in bib_keys, f"{path.name} cites unknown key {key!r}"
+
+
+def test_version_is_exposed():
+    import attnbook
+
+    assert re.fullmatch(r"\d+\.\d+\.\d+", attnbook.__version__)
+
+
+def test_tracked_files_exclude_build_outputs():
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assert tracked, "the tests run from a git checkout of the book"
+    assert not any(t.startswith(("_build/", ".venv/")) for t in tracked)
