@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import math
+import numbers
 import statistics
 import sys
 import time
@@ -36,7 +37,7 @@ SOFTMAX_FLOPS_PER_ELEMENT = 5
 
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
-        if not isinstance(value, int) or value < 1:
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
@@ -222,9 +223,14 @@ def measure(fn: Callable, *args, repeat: int = 5, warmup: int = 1, **kwargs) -> 
 
 def loglog_slope(x, y) -> float:
     """Least-squares slope of ``log y`` against ``log x``: the exponent ``p`` in ``y ~ x^p``."""
-    x = torch.as_tensor(x, dtype=torch.float64).log()
-    y = torch.as_tensor(y, dtype=torch.float64).log()
+    x = torch.as_tensor(x, dtype=torch.float64).flatten()
+    y = torch.as_tensor(y, dtype=torch.float64).flatten()
     if x.numel() != y.numel() or x.numel() < 2:
         raise ValueError(f"x and y need the same length >= 2, got {x.numel()} and {y.numel()}")
+    if (x <= 0).any() or (y <= 0).any():
+        raise ValueError("x and y must be positive to take logarithms")
+    x, y = x.log(), y.log()
+    if torch.allclose(x, x[0]):
+        raise ValueError("x must contain at least two different values")
     xc = x - x.mean()
     return float((xc * (y - y.mean())).sum() / (xc * xc).sum())

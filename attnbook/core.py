@@ -258,8 +258,10 @@ def hard_attention_weights(
     """
     soft = masked_softmax(scores, attn_mask)
     alive = soft.sum(-1, keepdim=True) > 0
-    if mode == "argmax":
-        index = soft.argmax(-1, keepdim=True)  # softmax is monotonic: same argmax as the masked scores
+    if mode == "argmax":  # argmax of the masked scores: softmax can round near-equal scores to a tie
+        if attn_mask is not None:
+            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+        index = scores.argmax(-1, keepdim=True)
     elif mode == "sample":
         flat = soft.reshape(-1, soft.shape[-1])
         flat = torch.where(flat.sum(-1, keepdim=True) > 0, flat, torch.ones_like(flat))

@@ -31,6 +31,9 @@ class CheckResult:
     def __bool__(self) -> bool:
         return self.passed
 
+    def _ipython_display_(self) -> None:
+        """Display nothing in a notebook: :func:`check` has already printed the verdict."""
+
 
 @dataclass(frozen=True)
 class _Check:
@@ -152,3 +155,50 @@ def _check_ch01_multi_head(student) -> None:
 # ---------------------------------------------------------------------------------------------
 # Chapter 2: the quadratic cost
 # ---------------------------------------------------------------------------------------------
+from .complexity import attention_flops, attention_memory_bytes  # noqa: E402  (only Chapter 2's checks use them)
+
+
+@register(
+    "ch02-attention-flops",
+    hint="Count 2 FLOPs per multiply-add in the four matrix products: Q, K, V projections (3 of n x d times d x d), "
+    "scores (h heads of (n, d/h) x (d/h, n)), weighted sum, output projection. The head count cancels out.",
+)
+def _check_attention_matmul_flops(student) -> None:
+    cases = [(1, 1, 1, 1), (4, 8, 2, 1), (7, 12, 3, 5), (128, 64, 1, 2), (1000, 512, 8, 1), (4096, 4096, 32, 3)]
+    for n, d, h, batch in cases:
+        got = student(n, d, n_heads=h, batch=batch)
+        expected = attention_flops(n, d, n_heads=h, batch=batch)["matmul"]
+        assert got == expected, (
+            f"for n={n}, d_model={d}, n_heads={h}, batch={batch} you return {got!r}; "
+            f"the matrix products cost {expected} FLOPs."
+        )
+
+
+@register(
+    "ch02-max-seq-len",
+    hint="The weights take batch * n_heads * n^2 * bytes_per_elem * n_layers bytes: solve for n and round down "
+    "with integer arithmetic (math.isqrt), returning 0 when not even n = 1 fits.",
+)
+def _check_max_seq_len(student) -> None:
+    cases = [
+        dict(budget_bytes=2**34),  # 16 GiB, one fp32 matrix: exactly 65,536
+        dict(budget_bytes=2**34 - 1),  # one byte less: 65,535
+        dict(budget_bytes=16 * 10**9),  # 16 GB (decimal)
+        dict(budget_bytes=80 * 10**9, n_heads=32, batch=8, bytes_per_elem=2),
+        dict(budget_bytes=24 * 2**30, n_heads=12, batch=4, bytes_per_elem=2, n_layers=12),
+        dict(budget_bytes=3),  # less than one fp32 element: nothing fits
+        dict(budget_bytes=4),  # exactly one element
+    ]
+    for case in cases:
+        kwargs = {k: v for k, v in case.items() if k != "budget_bytes"}
+        budget = case["budget_bytes"]
+        n = student(**case)
+        assert isinstance(n, int), f"for {case} return an int, got {type(n).__name__} {n!r}."
+        assert n >= 0, f"for {case} you return a negative length {n}."
+        if n > 0:
+            need = attention_memory_bytes(n, **kwargs)
+            assert need <= budget, f"for {case} you return n={n}, but its weights need {need} bytes > the budget."
+        longer = attention_memory_bytes(n + 1, **kwargs)
+        assert longer > budget, (
+            f"for {case} you return n={n}, but n={n + 1} still fits ({longer} bytes <= {budget}): return the largest n."
+        )

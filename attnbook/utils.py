@@ -15,13 +15,15 @@ __all__ = ["seed_everything", "default_device", "show_source"]
 def seed_everything(seed: int = 0) -> torch.Generator:
     """Seed Python's, NumPy's and PyTorch's generators (CPU and CUDA) and return a torch Generator.
 
+    (String hashing is seeded per process by ``PYTHONHASHSEED`` before start-up; setting it here
+    would not affect the running interpreter, so this function does not pretend to.)
+
     Returning a seeded ``torch.Generator`` lets code pass randomness explicitly (``generator=``)
     instead of relying on the global state.
     """
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    os.environ["PYTHONHASHSEED"] = str(seed)
     return torch.Generator().manual_seed(seed)
 
 

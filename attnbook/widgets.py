@@ -94,7 +94,7 @@ def softmax_temperature_explorer(scores=None, temperatures: Sequence[float] = (0
     ax.set_xlabel("temperature T")
     ax.set_ylabel("entropy H (nats)")
     ax.set_title("entropy grows with T")
-    ax.legend(loc="upper left")
+    ax.legend(loc="lower right")
     plt.show()
 
     def redraw(temperature: float, d_k: int, scale: bool) -> None:

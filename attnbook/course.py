@@ -1,0 +1,373 @@
+"""The course kit: student notebooks with the solutions stripped out, and a grader for submissions.
+
+A chapter's coding exercise is a code cell tagged ``solution`` whose answer lies between nbgrader's
+markers, followed by a check cell::
+
+    def my_softmax(scores):                                   # cell tagged solution, hide-input
+        ### BEGIN SOLUTION
+        return scores.softmax(-1)
+        ### END SOLUTION
+
+    attnbook.exercises.check("ch01-softmax", my_softmax)       # check cell
+
+Two commands turn the book into a course::
+
+    python -m attnbook.course student OUTDIR [--book book]
+    python -m attnbook.course grade SUBMISSIONS... --out grades.csv [--timeout 120]
+
+``student`` replaces every marked block by ``raise NotImplementedError(...)`` (so the check reports
+"not attempted" until the student writes code), un-hides the stub, clears outputs and removes the
+written ``{solution}`` directives. ``grade`` executes each submitted notebook in a fresh kernel with
+``ATTNBOOK_GRADE_LOG`` pointing at a temporary file; every ``check`` appends a JSON line there
+(see :mod:`attnbook.exercises`), and the grader turns those lines into one CSV row per student,
+notebook and check. Grading runs the submitted code: run it in a sandbox you trust with that.
+
+nbformat and nbclient come with the ``course`` extra: ``pip install "attnbook[course]"``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import csv
+import json
+import os
+import re
+import site
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["strip_solutions", "make_student_bundle", "grade_notebook", "grade", "expected_labels", "main"]
+
+BEGIN = "### BEGIN SOLUTION"
+END = "### END SOLUTION"
+STUB = 'raise NotImplementedError("Exercise: write your solution here")'
+CSV_FIELDS = ["student", "notebook", "label", "passed", "message"]
+NOT_RUN = "check did not run"
+
+# A check call in a code cell: check("label", ...) or attnbook.exercises.check('label', ...).
+_CHECK_CALL = re.compile(r"""\bcheck\(\s*(["'])([^"'\n]+)\1""")
+# The opening line of a written solution: ```{solution} label  or  :::{solution} label
+_SOLUTION_OPEN = re.compile(r"^\s*(?P<fence>`{3,}|:{3,})\s*\{solution\}")
+
+STUDENT_README = """\
+# Exercises: the student notebooks
+
+Each notebook here is one chapter of *Attention, from first principles to GPU kernels* with the
+exercise solutions taken out. Where a solution was, a cell now says
+
+    raise NotImplementedError("Exercise: write your solution here")
+
+Replace that line with your code; keep the function's name and signature.
+
+## Opening the notebooks
+- **Locally**: `pip install "attnbook[course]"` (or, in a clone of the book's repository,
+  `pip install -e ".[course]"`), then `jupyter lab` in this folder and open a chapter.
+- **In Colab**: *File -> Upload notebook*. The first cell of every notebook installs `attnbook` when
+  it is missing; run it first.
+
+Run the notebook from the top (*Run -> Run All Cells*): later cells use what earlier cells define.
+
+## What the checks print
+After each coding exercise a cell calls `attnbook.exercises.check("<label>", your_answer)` and prints
+one line:
+- `[PASSED] <label>: passed` - your answer agrees with the book's tested implementation;
+- `[FAILED] <label>: not attempted yet ...` - the `raise NotImplementedError` is still there;
+- `[FAILED] <label>: <what differs> Hint: <a hint>` - a wrong answer, or your code raised an error.
+A check never stops the notebook, so you see every verdict in one run. Do not edit the check cells:
+the grader looks for them.
+
+## Submitting
+1. Restart the kernel and run all cells, so the notebook runs top to bottom without your help.
+2. Save it under its original file name (e.g. `01_attention.ipynb`).
+3. Hand in your notebooks in a folder named after you, e.g. `ada_lovelace/01_attention.ipynb`.
+
+The grader re-runs every submitted notebook in a fresh kernel (each cell has a time limit, 120 s by
+default) and records every check: passed, failed, or "check did not run" when the notebook
+stopped or crashed before reaching it.
+"""
+
+
+def _require(module: str):
+    """Import one of the ``course`` extra's packages, or say how to install it."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:  # pragma: no cover - the test environment has the extra
+        raise ImportError(
+            f"attnbook.course needs {module}; install the course extra: pip install 'attnbook[course]'"
+        ) from err
+
+
+# ---------------------------------------------------------------------------------------------
+# Student notebooks
+# ---------------------------------------------------------------------------------------------
+def _strip_code(source: str, where: str) -> tuple[str, bool]:
+    """Replace each ``### BEGIN SOLUTION`` ... ``### END SOLUTION`` block by the stub.
+
+    The stub takes the BEGIN marker's indentation. Returns the new source and whether any block
+    was found; an unbalanced or nested marker raises ``ValueError`` naming ``where``.
+    """
+    out: list[str] = []
+    begin_line = None  # 1-based line of the open BEGIN marker, None outside a block
+    found = False
+    for number, line in enumerate(source.split("\n"), start=1):
+        marker = line.strip()
+        if marker == BEGIN:
+            if begin_line is not None:
+                raise ValueError(f"{where}: line {number}: {BEGIN} inside the block opened on line {begin_line}")
+            begin_line, found = number, True
+            out.append(line[: len(line) - len(line.lstrip())] + STUB)
+        elif marker == END:
+            if begin_line is None:
+                raise ValueError(f"{where}: line {number}: {END} without a {BEGIN} before it")
+            begin_line = None
+        elif begin_line is None:
+            out.append(line)
+    if begin_line is not None:
+        raise ValueError(f"{where}: line {begin_line}: {BEGIN} has no {END}")
+    return "\n".join(out), found
+
+
+def _strip_written_solutions(source: str) -> str:
+    """Remove every ``{solution}`` directive (fenced with backticks or colons) from markdown."""
+    out: list[str] = []
+    fence = None  # the opening fence while inside a solution directive
+    for line in source.split("\n"):
+        if fence is None:
+            match = _SOLUTION_OPEN.match(line)
+            if match:
+                fence = match["fence"]
+            else:
+                out.append(line)
+        elif re.fullmatch(rf"\s*{re.escape(fence[0])}{{{len(fence)},}}\s*", line):
+            fence = None  # the closing fence: same character, at least as long
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip("\n")
+
+
+def strip_solutions(nb, name: str = "notebook"):
+    """The student version of notebook ``nb`` (an nbformat v4 notebook; ``nb`` is not modified).
+
+    - code cells: each ``### BEGIN SOLUTION`` / ``### END SOLUTION`` block becomes
+      ``raise NotImplementedError("Exercise: write your solution here")`` at the marker's indentation;
+      outputs and execution counts are cleared;
+    - cells tagged ``solution`` lose the ``hide-input`` tag, so the student sees the stub;
+    - markdown cells lose their ``{solution}`` directives (a cell left empty is dropped);
+    - everything else, the exercise text and the ``check(...)`` cells included, is kept.
+
+    Raises ``ValueError`` naming ``name`` and the cell for an unbalanced marker, or for a cell
+    tagged ``solution`` without markers (the student would see the answer).
+    """
+    student = copy.deepcopy(nb)
+    cells = []
+    for index, cell in enumerate(student.cells):
+        where = f"{name}, cell {index}" + (f" (id {cell['id']})" if cell.get("id") else "")
+        tags = cell.get("metadata", {}).get("tags", [])
+        if cell.cell_type == "code":
+            cell.source, stubbed = _strip_code(cell.source, where)
+            if "solution" in tags:
+                if not stubbed:
+                    raise ValueError(f"{where}: tagged 'solution' but has no {BEGIN} / {END} block")
+                cell.metadata["tags"] = [tag for tag in tags if tag != "hide-input"]
+            cell.outputs = []
+            cell.execution_count = None
+            cell.metadata.pop("execution", None)
+        elif cell.cell_type == "markdown":
+            cell.source = _strip_written_solutions(cell.source)
+            if not cell.source.strip():
+                continue
+        cells.append(cell)
+    student.cells = cells
+    return student
+
+
+def make_student_bundle(book_dir="book", out_dir="student") -> list[Path]:
+    """Write the student version of every ``book_dir/*.ipynb`` and a README into ``out_dir``.
+
+    Returns the paths written, notebooks first (sorted), then ``README.md``.
+    """
+    nbformat = _require("nbformat")
+    book_dir, out_dir = Path(book_dir), Path(out_dir)
+    notebooks = sorted(book_dir.glob("*.ipynb"))
+    if not notebooks:
+        raise ValueError(f"book_dir {str(book_dir)!r} has no *.ipynb notebooks")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for path in notebooks:
+        student = strip_solutions(nbformat.read(path, as_version=4), name=path.name)
+        nbformat.write(student, out_dir / path.name)
+        written.append(out_dir / path.name)
+    readme = out_dir / "README.md"
+    readme.write_text(STUDENT_README)
+    written.append(readme)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+# Grading
+# ---------------------------------------------------------------------------------------------
+def expected_labels(nb) -> list[str]:
+    """The labels of the ``check("...")`` calls in ``nb``'s code cells, in order of appearance."""
+    found = [m[2] for cell in nb.cells if cell.cell_type == "code" for m in _CHECK_CALL.finditer(cell.source)]
+    return list(dict.fromkeys(found))
+
+
+def _kernel_env(log_path: Path) -> dict[str, str]:
+    """The kernel's environment: the grade log, and this attnbook on the path when it is a source checkout.
+
+    Putting the grader's own checkout first on ``PYTHONPATH`` means the kernel runs the same checks
+    as the grader even when attnbook is not pip-installed; an installed attnbook needs nothing.
+    """
+    env = dict(os.environ, ATTNBOOK_GRADE_LOG=str(log_path))
+    root = str(Path(__file__).resolve().parent.parent)
+    installed = {str(Path(p).resolve()) for p in [*site.getsitepackages(), site.getusersitepackages()]}
+    if root not in installed:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
+    return env
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def grade_notebook(path, timeout: float = 120) -> list[dict]:
+    """Execute the notebook at ``path`` in a fresh ``python3`` kernel and return its check results.
+
+    Cells run in the notebook's folder with ``allow_errors=True`` (a failing cell does not stop the
+    checks after it) and a per-cell ``timeout`` in seconds. Returns one dict
+    ``{"notebook", "label", "passed" (0/1), "message"}`` per check label: the last verdict it
+    reported, or ``"check did not run"`` for a label the notebook's source calls but that never
+    reported. A notebook that cannot be read, crashes its kernel or times out adds a row with label
+    ``"*"`` and the error; it never raises.
+    """
+    nbformat = _require("nbformat")
+    nbclient = _require("nbclient")
+    path = Path(path)
+    rows: dict[str, dict] = {}
+    try:
+        nb = nbformat.read(path, as_version=4)
+    except Exception as err:
+        return [{"notebook": path.name, "label": "*", "passed": 0, "message": f"could not read: {_first_line(err)}"}]
+    error = None
+    with tempfile.TemporaryDirectory(prefix="attnbook-grade-") as tmp:
+        log_path = Path(tmp) / "checks.jsonl"
+        log_path.touch()
+        client = nbclient.NotebookClient(
+            nb, timeout=timeout, kernel_name="python3", allow_errors=True,
+            resources={"metadata": {"path": str(path.parent.resolve())}},
+        )
+        try:
+            client.execute(env=_kernel_env(log_path))
+        except nbclient.exceptions.CellTimeoutError:
+            error = f"timed out: a cell ran longer than {timeout:g} s"
+        except Exception as err:  # a dead kernel, a kernel that does not start, ...
+            error = f"notebook did not finish: {_first_line(err)}"
+        for line in log_path.read_text().splitlines():
+            try:
+                report = json.loads(line)
+                rows[report["label"]] = {"label": report["label"], "passed": int(bool(report["passed"])),
+                                         "message": report["message"]}
+            except (ValueError, KeyError, TypeError):  # the submitted code wrote into the log
+                error = error or f"unreadable grade log line: {line[:80]!r}"
+    for label in expected_labels(nb):
+        rows.setdefault(label, {"label": label, "passed": 0, "message": NOT_RUN})
+    results = [{"notebook": path.name, **row} for row in rows.values()]
+    if error:
+        results.append({"notebook": path.name, "label": "*", "passed": 0, "message": error})
+    return results
+
+
+def _submissions(paths) -> list[tuple[str, Path, str]]:
+    """``(student, notebook path, notebook name)`` for every submitted notebook.
+
+    A file is its own submission (student = file stem). A directory is searched recursively; a
+    notebook in a sub-folder belongs to the student named by the first folder below the given
+    directory, one directly inside it to the student named by its stem.
+    """
+    found = []
+    for given in map(Path, paths):
+        if given.is_file():
+            found.append((given.stem, given, given.name))
+        elif given.is_dir():
+            for path in sorted(given.rglob("*.ipynb")):
+                rel = path.relative_to(given)
+                if ".ipynb_checkpoints" in rel.parts:
+                    continue
+                if len(rel.parts) > 1:
+                    found.append((rel.parts[0], path, Path(*rel.parts[1:]).as_posix()))
+                else:
+                    found.append((path.stem, path, path.name))
+        else:
+            raise FileNotFoundError(f"submission {str(given)!r} does not exist")
+    return found
+
+
+def grade(paths, out_csv="grades.csv", timeout: float = 120) -> list[dict]:
+    """Grade every submitted notebook under ``paths`` and write the rows to ``out_csv``.
+
+    ``paths`` are notebook files or directories (see the student naming rule in
+    :func:`_submissions`). Each row is ``{"student", "notebook", "label", "passed", "message"}`` as in
+    :func:`grade_notebook`. A crash or a time-out in one submission is a row, never an abort.
+    """
+    rows = []
+    for student, path, notebook in _submissions(paths):
+        for row in grade_notebook(path, timeout=timeout):
+            rows.append({"student": student, **row, "notebook": notebook})
+    out_csv = Path(out_csv)
+    out_csv.parent.mkdir(parents=True, exist_ok=True)
+    with out_csv.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+    return rows
+
+
+def _summary(rows: list[dict]) -> str:
+    """One line per student: checks passed out of checks expected, and failed runs."""
+    lines = []
+    for student in dict.fromkeys(row["student"] for row in rows):
+        mine = [row for row in rows if row["student"] == student]
+        checks = [row for row in mine if row["label"] != "*"]
+        broken = sorted({row["notebook"] for row in mine if row["label"] == "*"})
+        line = f"  {student}: {sum(row['passed'] for row in checks)}/{len(checks)} checks passed"
+        lines.append(line + (f"; did not finish: {', '.join(broken)}" if broken else ""))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    """``python -m attnbook.course student OUTDIR`` / ``python -m attnbook.course grade SUBMISSIONS...``."""
+    parser = argparse.ArgumentParser(prog="python -m attnbook.course", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    student = commands.add_parser("student", help="write student notebooks (solutions stubbed out) and a README")
+    student.add_argument("outdir", help="folder for the student notebooks")
+    student.add_argument("--book", default="book", help="folder with the chapter notebooks (default: book)")
+    grader = commands.add_parser("grade", help="execute submitted notebooks and write a CSV of their checks")
+    grader.add_argument("submissions", nargs="+", help="notebooks, or folders searched for *.ipynb")
+    grader.add_argument("--out", default="grades.csv", help="CSV file to write (default: grades.csv)")
+    grader.add_argument("--timeout", type=float, default=120, help="seconds per cell (default: 120)")
+    args = parser.parse_args(argv)
+
+    try:
+        if args.command == "student":
+            written = make_student_bundle(args.book, args.outdir)
+            print(f"Wrote {len(written) - 1} student notebooks and README.md to {args.outdir}")
+        else:
+            rows = grade(args.submissions, args.out, timeout=args.timeout)
+            checks = [row for row in rows if row["label"] != "*"]
+            print(f"Graded {len({(r['student'], r['notebook']) for r in rows})} notebooks: "
+                  f"{sum(r['passed'] for r in checks)}/{len(checks)} checks passed")
+            print(_summary(rows))
+            print(f"Wrote {args.out}")
+    except (ValueError, FileNotFoundError) as err:
+        parser.exit(1, f"error: {err}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

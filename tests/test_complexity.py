@@ -1,0 +1,271 @@
+"""Tests of attnbook.complexity: FLOP formulas against torch's FlopCounterMode on real forwards,
+memory against worked examples and real tensors, Table 1 of Vaswani et al. (2017), and measure()."""
+
+from __future__ import annotations
+
+import math
+import sys
+
+import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from attnbook.complexity import (
+    SOFTMAX_FLOPS_PER_ELEMENT,
+    attention_flops,
+    attention_memory_bytes,
+    crossover_length,
+    loglog_slope,
+    measure,
+    rnn_flops,
+    vaswani_table1,
+)
+from attnbook.core import MultiHeadAttention, scaled_dot_product_attention
+
+
+def counted_flops(fn, *args, **kwargs) -> int:
+    with FlopCounterMode(display=False) as counter:
+        fn(*args, **kwargs)
+    return counter.get_total_flops()
+
+
+# ---------------------------------------------------------------------------------------------
+# attention_flops vs FlopCounterMode
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize(
+    "n, d, h, batch, n_kv_heads",
+    [(8, 16, 1, 1, None), (10, 24, 4, 2, None), (5, 32, 8, 3, None), (12, 24, 6, 2, 3), (7, 16, 4, 1, 1), (9, 32, 8, 2, 2)],
+)
+def test_attention_flops_matmul_equals_flop_counter(n, d, h, batch, n_kv_heads, bias):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(d, h, n_kv_heads, bias=bias)
+    x = torch.randn(batch, n, d)
+    with torch.no_grad():
+        assert counted_flops(mha, x) == attention_flops(n, d, h, batch, n_kv_heads=n_kv_heads)["matmul"]
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_attention_flops_cross_attention_equals_flop_counter(n_kv_heads):
+    torch.manual_seed(0)
+    n, m, d, h, batch = 6, 11, 16, 4, 2
+    mha = MultiHeadAttention(d, h, n_kv_heads)
+    x, ctx = torch.randn(batch, n, d), torch.randn(batch, m, d)
+    with torch.no_grad():
+        expected = attention_flops(n, d, h, batch, kv_len=m, n_kv_heads=n_kv_heads)["matmul"]
+        assert counted_flops(mha, x, ctx) == expected
+
+
+def test_attention_flops_core_steps_equal_flop_counter():
+    # scores + weighted sum alone: the two matmuls inside scaled_dot_product_attention
+    B, h, n, m, d = 2, 4, 9, 13, 32
+    q, k, v = torch.randn(B, h, n, d // h), torch.randn(B, h, m, d // h), torch.randn(B, h, m, d // h)
+    steps = attention_flops(n, d, h, B, kv_len=m)
+    assert counted_flops(scaled_dot_product_attention, q, k, v) == steps["scores"] + steps["weighted_sum"]
+
+
+def test_attention_flops_bookkeeping():
+    n, d, h, B, m = 10, 24, 4, 3, 7
+    steps = attention_flops(n, d, h, B, kv_len=m)
+    assert set(steps) == {"qkv_projections", "scores", "softmax", "weighted_sum", "output_projection", "matmul", "total"}
+    assert steps["softmax"] == SOFTMAX_FLOPS_PER_ELEMENT * B * h * n * m
+    assert steps["matmul"] == steps["total"] - steps["softmax"]
+    assert steps["total"] == sum(v for key, v in steps.items() if key not in ("matmul", "total"))
+    # grouped-query attention shrinks only the K and V projections
+    gqa = attention_flops(n, d, h, B, kv_len=m, n_kv_heads=1)
+    assert steps["qkv_projections"] - gqa["qkv_projections"] == 2 * 2 * B * m * d * (d - d // h)
+    assert all(gqa[key] == steps[key] for key in ("scores", "softmax", "weighted_sum", "output_projection"))
+    # quadratic in n for the attention core, linear in n for the projections
+    double = attention_flops(2 * n, d, h, B)
+    single = attention_flops(n, d, h, B)
+    assert double["scores"] == 4 * single["scores"] and double["output_projection"] == 2 * single["output_projection"]
+
+
+# ---------------------------------------------------------------------------------------------
+# rnn_flops vs FlopCounterMode
+# ---------------------------------------------------------------------------------------------
+def _rnn_loop(x, W, U):
+    """h_t = tanh(h_{t-1} W^T + x_t U^T), no bias: matmuls are all the counter sees."""
+    h = torch.zeros(x.shape[0], W.shape[0])
+    for t in range(x.shape[1]):
+        h = torch.tanh(h @ W.T + x[:, t] @ U.T)
+    return h
+
+
+@pytest.mark.parametrize("n, d, d_in, batch", [(5, 8, 8, 1), (7, 16, 4, 3), (3, 4, 10, 2)])
+def test_rnn_flops_equal_flop_counter(n, d, d_in, batch):
+    x, W, U = torch.randn(batch, n, d_in), torch.randn(d, d), torch.randn(d, d_in)
+    flops = rnn_flops(n, d, d_in, batch)
+    assert counted_flops(_rnn_loop, x, W, U) == flops["total"]
+    assert flops["total"] == n * flops["per_step"]
+    assert flops["sequential_steps"] == n
+    assert rnn_flops(n, d) == rnn_flops(n, d, d)
+
+
+# ---------------------------------------------------------------------------------------------
+# attention_memory_bytes
+# ---------------------------------------------------------------------------------------------
+def test_attention_memory_worked_examples():
+    one = attention_memory_bytes(65536)  # one fp32 65,536 x 65,536 matrix
+    assert one == 17_179_869_184 == 2**32 * 4
+    assert f"{one / 1e9:.1f} GB" == "17.2 GB"
+    assert attention_memory_bytes(10_000) == 100 * attention_memory_bytes(1_000)
+    assert attention_memory_bytes(1024, bytes_per_elem=2) == 2 * 1024**2
+    assert attention_memory_bytes(128, n_heads=8, batch=4, n_layers=12) == 8 * 4 * 12 * 128**2 * 4
+    assert attention_memory_bytes(10, kv_len=30) == 3 * attention_memory_bytes(10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.float64])
+def test_attention_memory_matches_the_weight_tensor(dtype):
+    B, h, n, m = 2, 3, 5, 7
+    q, k, v = torch.randn(B, h, n, 4, dtype=dtype), torch.randn(B, h, m, 4, dtype=dtype), torch.randn(B, h, m, 4, dtype=dtype)
+    _, w = scaled_dot_product_attention(q, k, v, return_weights=True)
+    size = w.numel() * w.element_size()
+    assert attention_memory_bytes(n, h, B, bytes_per_elem=w.element_size(), kv_len=m) == size
+
+
+# ---------------------------------------------------------------------------------------------
+# Crossover with a recurrent layer
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("d", [16, 64, 512])
+def test_crossover_attention_core_equals_rnn_at_n_equals_d(d):
+    assert crossover_length(d) == d
+
+    def core(n):
+        steps = attention_flops(n, d)
+        return steps["scores"] + steps["weighted_sum"]  # 4 n^2 d
+
+    rnn = lambda n: rnn_flops(n, d)["total"]  # 4 n d^2  # noqa: E731
+    assert core(d) == rnn(d)
+    for n in (1, d // 2, d - 1):
+        assert core(n) < rnn(n)
+    for n in (d + 1, 2 * d, 10 * d):
+        assert core(n) > rnn(n)
+    # the constant-free statement: n^2 d == n d^2 exactly when n == d
+    assert [n for n in range(1, 3 * d) if n * n * d == n * d * d] == [d]
+
+
+# ---------------------------------------------------------------------------------------------
+# Table 1 of Vaswani et al. (2017)
+# ---------------------------------------------------------------------------------------------
+def test_vaswani_table1_rows_and_strings():
+    rows = vaswani_table1()
+    table = {r.layer: (r.complexity, r.sequential, r.path_length) for r in rows}
+    assert list(table) == ["Self-Attention", "Recurrent", "Convolutional", "Self-Attention (restricted)"]
+    assert table["Self-Attention"] == ("O(n^2 d)", "O(1)", "O(1)")
+    assert table["Recurrent"] == ("O(n d^2)", "O(n)", "O(n)")
+    assert table["Convolutional"] == ("O(k n d^2)", "O(1)", "O(log_k(n))")
+    assert table["Self-Attention (restricted)"] == ("O(r n d)", "O(1)", "O(n/r)")
+
+
+def test_vaswani_table1_evaluate():
+    n, d, k, r = 100, 512, 3, 16
+    got = {row.layer: row.evaluate(n, d, k, r) for row in vaswani_table1()}
+    assert got["Self-Attention"] == {"layer": "Self-Attention", "complexity": n * n * d, "sequential": 1, "path_length": 1}
+    assert got["Recurrent"] == {"layer": "Recurrent", "complexity": n * d * d, "sequential": n, "path_length": n}
+    conv = got["Convolutional"]
+    assert conv["complexity"] == k * n * d * d and conv["sequential"] == 1
+    assert conv["path_length"] == pytest.approx(math.log(n) / math.log(k))
+    assert got["Self-Attention (restricted)"]["complexity"] == r * n * d
+    assert got["Self-Attention (restricted)"]["path_length"] == pytest.approx(n / r)
+    # defaults k=3, r=16, and the table's point: self-attention is cheaper than recurrence when n < d
+    assert vaswani_table1()[2].evaluate(n, d) == conv
+    sa, rec = vaswani_table1()[:2]
+    assert sa.evaluate(100, 512)["complexity"] < rec.evaluate(100, 512)["complexity"]
+    assert sa.evaluate(1024, 512)["complexity"] > rec.evaluate(1024, 512)["complexity"]
+
+
+# ---------------------------------------------------------------------------------------------
+# loglog_slope and measure
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("p", [0.5, 1.0, 2.0, 3.0, -1.0])
+@pytest.mark.parametrize("c", [1.0, 7.5e-9])
+def test_loglog_slope_recovers_power_law_exponents(p, c):
+    x = [2**i for i in range(4, 12)]
+    y = [c * xi**p for xi in x]
+    assert loglog_slope(x, y) == pytest.approx(p, abs=1e-9)
+    assert loglog_slope(torch.tensor(x, dtype=torch.float64), torch.tensor(y)) == pytest.approx(p, abs=1e-6)
+
+
+@pytest.mark.parametrize("x, y", [([1, 2, 3], [1, 2]), ([1], [1]), ([], [])])
+def test_loglog_slope_errors(x, y):
+    with pytest.raises(ValueError, match="x and y"):
+        loglog_slope(x, y)
+
+
+def _square(n):
+    return torch.ones(n, n)  # ones, not empty: the pages are touched, so resident memory grows
+
+
+def test_measure_times_and_keys():
+    result = measure(torch.ones, 64, 64, repeat=3, warmup=2)
+    assert set(result) == {"time_s", "times_s", "peak_bytes", "memory"}
+    assert len(result["times_s"]) == 3 and all(t > 0 for t in result["times_s"])
+    assert result["time_s"] > 0 and min(result["times_s"]) <= result["time_s"] <= max(result["times_s"])
+    calls = []
+    measure(lambda: calls.append(1), repeat=4, warmup=1)
+    assert len(calls) == 5
+
+
+def test_measure_peak_memory_grows_quadratically():
+    small = measure(_square, 4096, repeat=2)  # 64 MiB of float32
+    big = measure(_square, 8192, repeat=2)  # 256 MiB
+    if not sys.platform.startswith("linux"):  # peak RSS is read from /proc: documented as None elsewhere on CPU
+        assert small["peak_bytes"] is None and small["memory"] == "unavailable"
+        return
+    assert small["peak_bytes"] is not None and big["peak_bytes"] is not None
+    assert small["memory"] == big["memory"] == "peak RSS (VmHWM)"
+    assert small["peak_bytes"] >= 0.8 * 4096**2 * 4
+    assert 2.5 <= big["peak_bytes"] / small["peak_bytes"] <= 6
+
+
+@pytest.mark.parametrize("kwargs", [dict(repeat=0), dict(warmup=-1)])
+def test_measure_validation(kwargs):
+    with pytest.raises(ValueError, match="repeat must be >= 1 and warmup >= 0"):
+        measure(torch.ones, 2, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation errors name the argument
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: attention_flops(0, 16), "seq_len"),
+        (lambda: attention_flops(8, -16), "d_model"),
+        (lambda: attention_flops(8, 16, n_heads=0), "n_heads"),
+        (lambda: attention_flops(8, 16, batch=0), "batch"),
+        (lambda: attention_flops(8, 16, kv_len=0), "kv_len"),
+        (lambda: attention_flops(8, 16, n_heads=4, n_kv_heads=0), "n_kv_heads"),
+        (lambda: attention_flops(8.0, 16), "seq_len"),
+        (lambda: attention_flops(8, 16, n_heads=3), "divisible by n_heads=3"),
+        (lambda: attention_flops(8, 16, n_heads=4, n_kv_heads=3), "n_kv_heads=3"),
+        (lambda: rnn_flops(0, 8), "seq_len"),
+        (lambda: rnn_flops(4, 0), "hidden"),
+        (lambda: rnn_flops(4, 8, input_dim=0), "input_dim"),
+        (lambda: rnn_flops(4, 8, batch=-2), "batch"),
+        (lambda: attention_memory_bytes(0), "seq_len"),
+        (lambda: attention_memory_bytes(8, n_heads=0), "n_heads"),
+        (lambda: attention_memory_bytes(8, bytes_per_elem=0), "bytes_per_elem"),
+        (lambda: attention_memory_bytes(8, n_layers=0), "n_layers"),
+        (lambda: attention_memory_bytes(8, kv_len=-1), "kv_len"),
+        (lambda: crossover_length(0), "d_model"),
+    ],
+)
+def test_validation_errors_name_the_argument(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
+
+
+def test_sizes_accept_numpy_integers_and_reject_bools():
+    import numpy as np
+
+    assert attention_flops(np.int64(8), 16) == attention_flops(8, 16)
+    with pytest.raises(ValueError, match="seq_len"):
+        attention_flops(True, 16)
+
+
+@pytest.mark.parametrize("x, y", [([1, 2], [0, 1]), ([1, -2], [1, 2]), ([3, 3], [1, 2])])
+def test_loglog_slope_rejects_what_has_no_log_log_slope(x, y):
+    with pytest.raises(ValueError):
+        loglog_slope(x, y)

@@ -1,0 +1,371 @@
+"""The course kit: stripping solutions into student notebooks, and grading submitted notebooks.
+
+Fixture notebooks are built here (not taken from the chapters). Their first cell registers two
+test-only checks, so the same cells work in-process (with the registry swapped for an empty one)
+and in the kernels the grader starts. Kernels are slow (~2 s each): grading runs once per module.
+"""
+
+import contextlib
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
+
+from attnbook import course, exercises
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SETUP = '''\
+import attnbook.exercises as ex
+
+
+def _check_double(f):
+    for x in (0, 1, -2.5, 7):
+        got = f(x)
+        assert got == 2 * x, f"double({x}) should be {2 * x}, got {got!r}."
+
+
+def _check_clip(f):
+    for values, low, high in [([3, -1, 0.5], 0, 1), ([], 0, 1), ([5, 9], 6, 8)]:
+        expected = [min(max(v, low), high) for v in values]
+        assert f(values, low, high) == expected, f"clip({values}, {low}, {high}) should be {expected}."
+
+
+for label, fn, hint in [("test-double", _check_double, "multiply by two"),
+                        ("test-clip", _check_clip, "min(max(v, low), high)")]:
+    if label not in ex.CHECKS:
+        ex.register(label, hint=hint)(fn)'''
+
+DOUBLE_SOLUTION = '''\
+def double(x):
+    """Twice x."""
+    ### BEGIN SOLUTION
+    return 2 * x
+    ### END SOLUTION'''
+
+CLIP_SOLUTION = '''\
+def clip(values, low, high):
+    """Each value clamped to [low, high]."""
+    out = []
+    for v in values:
+        ### BEGIN SOLUTION
+        v = min(max(v, low), high)
+        out.append(v)
+        ### END SOLUTION
+    return out'''
+
+EXERCISE_MD = '''\
+```{exercise} Double it (difficulty: ★☆☆)
+:label: test-double
+
+Write `double(x)`.
+```'''
+
+WRITTEN_MD = '''\
+Before the written exercise.
+
+````{exercise} Why? (difficulty: ★★☆)
+:label: test-why
+
+Explain.
+````
+
+````{solution} test-why
+:class: dropdown
+
+Because of this code:
+```python
+x = 1
+```
+````
+
+:::{solution} test-why
+:class: dropdown
+A second, colon-fenced answer.
+:::
+
+After the solutions.'''
+
+CHECK_DOUBLE = 'attnbook.exercises.check("test-double", double)'
+CHECK_CLIP = "attnbook.exercises.check('test-clip', clip)"
+
+
+def solution_cell(source):
+    return new_code_cell(source, metadata={"tags": ["solution", "hide-input"]})
+
+
+def chapter(double=DOUBLE_SOLUTION, clip=CLIP_SOLUTION, between=()):
+    """A tiny chapter: setup, two coding exercises with checks, a written exercise.
+
+    ``between`` are extra code cells placed after the first check (a failing cell, a slow one...).
+    """
+    first = solution_cell(double)
+    first.outputs = [new_output("stream", name="stdout", text="old output\n")]
+    first.execution_count = 3
+    return new_notebook(
+        cells=[
+            new_code_cell("import attnbook"),
+            new_code_cell(SETUP),
+            new_markdown_cell(EXERCISE_MD),
+            first,
+            new_code_cell(CHECK_DOUBLE),
+            *[new_code_cell(src) for src in between],
+            solution_cell(clip),
+            new_code_cell(CHECK_CLIP),
+            new_markdown_cell(WRITTEN_MD),
+            new_markdown_cell(":::{solution} test-why\nOnly a solution in this cell.\n:::"),
+        ],
+        metadata={"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    )
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """An empty check registry for in-process runs, so test labels never leak into other tests."""
+    monkeypatch.setattr(exercises, "CHECKS", {})
+    return exercises.CHECKS
+
+
+def run_cells(nb):
+    """Execute a notebook's code cells in-process, in order; returns the printed text."""
+    namespace, buffer = {}, io.StringIO()
+    with contextlib.redirect_stdout(buffer):
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                exec(cell.source, namespace)
+    return buffer.getvalue()
+
+
+# ---------------------------------------------------------------------------------------------
+# strip_solutions
+# ---------------------------------------------------------------------------------------------
+def test_strip_solutions_stubs_code_at_the_markers_indentation():
+    nb = chapter()
+    student = course.strip_solutions(nb)
+    code = [cell.source for cell in student.cells if cell.cell_type == "code"]
+    assert code[2] == f'def double(x):\n    """Twice x."""\n    {course.STUB}'
+    assert code[4] == ("def clip(values, low, high):\n    \"\"\"Each value clamped to [low, high].\"\"\"\n"
+                       f"    out = []\n    for v in values:\n        {course.STUB}\n    return out")
+    assert all("SOLUTION" not in source and "2 * x" not in source for source in code[2:])
+    assert nb.cells[3].source == DOUBLE_SOLUTION  # the input notebook is left alone
+
+
+def test_strip_solutions_keeps_checks_unhides_stubs_and_clears_outputs():
+    nb = chapter()
+    student = course.strip_solutions(nb)
+    code = [cell for cell in student.cells if cell.cell_type == "code"]
+    assert [c.source for c in code if "check(" in c.source] == [CHECK_DOUBLE, CHECK_CLIP]
+    assert code[0].source == "import attnbook" and code[1].source == SETUP
+    assert [c.metadata["tags"] for c in code if "tags" in c.metadata] == [["solution"], ["solution"]]
+    assert all(c.outputs == [] and c.execution_count is None for c in code)
+    assert nb.cells[3].outputs and nb.cells[3].metadata["tags"] == ["solution", "hide-input"]
+    nbformat.validate(student)
+
+
+def test_strip_solutions_removes_written_solutions_only():
+    student = course.strip_solutions(chapter())
+    markdown = [cell.source for cell in student.cells if cell.cell_type == "markdown"]
+    # the cell holding nothing but a solution is gone; the exercises and the prose stay
+    assert markdown == [EXERCISE_MD, "Before the written exercise.\n\n````{exercise} Why? (difficulty: ★★☆)\n"
+                        ":label: test-why\n\nExplain.\n````\n\nAfter the solutions."]
+
+
+@pytest.mark.parametrize(
+    "source, problem",
+    [
+        ("def f():\n    ### BEGIN SOLUTION\n    return 1", "line 2: ### BEGIN SOLUTION has no ### END SOLUTION"),
+        ("def f():\n    return 1\n    ### END SOLUTION", "line 3: ### END SOLUTION without a ### BEGIN SOLUTION"),
+        ("### BEGIN SOLUTION\n### BEGIN SOLUTION\n### END SOLUTION", "line 2: ### BEGIN SOLUTION inside the block"),
+        ("def f():\n    return 1", "tagged 'solution' but has no ### BEGIN SOLUTION"),
+    ],
+)
+def test_unbalanced_markers_raise_naming_notebook_and_cell(source, problem):
+    nb = chapter(clip=source)
+    with pytest.raises(ValueError, match="ch99.ipynb, cell 5 ") as err:
+        course.strip_solutions(nb, name="ch99.ipynb")
+    assert problem in str(err.value)
+
+
+def test_stub_fails_its_check_and_solution_passes(registry):
+    printed = run_cells(chapter())
+    assert printed.splitlines() == ["[PASSED] test-double: passed", "[PASSED] test-clip: passed"]
+    printed = run_cells(course.strip_solutions(chapter()))
+    assert printed.splitlines() == [
+        "[FAILED] test-double: not attempted yet: replace the `raise NotImplementedError` with your code",
+        "[FAILED] test-clip: not attempted yet: replace the `raise NotImplementedError` with your code",
+    ]
+    namespace = {}
+    exec(course.strip_solutions(chapter()).cells[3].source, namespace)
+    with pytest.raises(NotImplementedError, match="Exercise: write your solution here"):
+        namespace["double"](1)
+
+
+def test_expected_labels_in_order_without_duplicates():
+    nb = chapter(between=[CHECK_DOUBLE, "from attnbook.exercises import check\ncheck( 'ch01-spaced',  f)"])
+    nb.cells.append(new_markdown_cell('check("in-markdown", f)'))
+    assert course.expected_labels(nb) == ["test-double", "ch01-spaced", "test-clip"]
+
+
+def test_every_book_notebook_strips_cleanly():
+    notebooks = sorted((ROOT / "book").glob("*.ipynb"))
+    assert notebooks, "book/ has no chapter notebooks"
+    for path in notebooks:
+        nb = nbformat.read(path, as_version=4)
+        student = course.strip_solutions(nb, name=path.name)
+        sources = [cell.source for cell in student.cells]
+        assert not any(course.BEGIN in s or course.END in s for s in sources), path.name
+        assert not any(course._SOLUTION_OPEN.match(line) for s in sources for line in s.splitlines()), path.name
+
+        def checks(notebook):
+            return [c.source for c in notebook.cells if c.cell_type == "code" and course._CHECK_CALL.search(c.source)]
+
+        assert checks(student) == checks(nb), path.name
+        n_stubs = sum(s.count(course.STUB) for s in sources)
+        assert n_stubs == sum(c.source.count(course.BEGIN) for c in nb.cells if c.cell_type == "code"), path.name
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line: student bundle
+# ---------------------------------------------------------------------------------------------
+def test_cli_student_writes_notebooks_and_readme(tmp_path, capsys):
+    book = tmp_path / "book"
+    book.mkdir()
+    nbformat.write(chapter(), book / "01_first.ipynb")
+    nbformat.write(new_notebook(cells=[new_markdown_cell("No exercises.")]), book / "02_second.ipynb")
+    (book / "notes.md").write_text("not a notebook")
+    assert course.main(["student", str(tmp_path / "out"), "--book", str(book)]) == 0
+    assert "Wrote 2 student notebooks" in capsys.readouterr().out
+    out = tmp_path / "out"
+    assert sorted(p.name for p in out.iterdir()) == ["01_first.ipynb", "02_second.ipynb", "README.md"]
+    written = nbformat.read(out / "01_first.ipynb", as_version=4)
+    assert written == course.strip_solutions(nbformat.read(book / "01_first.ipynb", as_version=4))
+    readme = (out / "README.md").read_text()
+    for needed in ["NotImplementedError", "[PASSED]", "[FAILED]", "Colab", "jupyter lab", "Submitting"]:
+        assert needed in readme
+
+
+def test_cli_student_reports_unbalanced_markers(tmp_path, capsys):
+    nbformat.write(chapter(double="### BEGIN SOLUTION\nx = 1"), tmp_path / "bad.ipynb")
+    with pytest.raises(SystemExit) as exit_info:
+        course.main(["student", str(tmp_path / "out"), "--book", str(tmp_path)])
+    assert exit_info.value.code == 1
+    assert "bad.ipynb, cell 3" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        course.main(["student", str(tmp_path / "out"), "--book", str(tmp_path / "missing")])
+
+
+def test_python_dash_m_entry_point(tmp_path):
+    nbformat.write(chapter(), tmp_path / "01.ipynb")
+    done = subprocess.run([sys.executable, "-m", "attnbook.course", "student", str(tmp_path / "s"),
+                           "--book", str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "s" / "01.ipynb").exists() and (tmp_path / "s" / "README.md").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Grading (real kernels)
+# ---------------------------------------------------------------------------------------------
+def student_version(**answers):
+    """A submission: the student notebook with the stubs replaced by ``answers`` (cell index -> source)."""
+    nb = course.strip_solutions(chapter(between=answers.pop("between", ())))
+    for index, source in answers.items():
+        nb.cells[int(index.lstrip("c"))].source = source
+    return nb
+
+
+CORRECT_DOUBLE = "def double(x):\n    return x * 2"
+CORRECT_CLIP = "def clip(values, low, high):\n    return [min(max(v, low), high) for v in values]"
+
+
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory):
+    """Grade three submissions through the CLI; returns (rows read from the CSV, printed summary)."""
+    root = tmp_path_factory.mktemp("grading")
+    subs = root / "submissions"
+    (subs / "alice").mkdir(parents=True)
+    (subs / "bob" / "work").mkdir(parents=True)
+    # alice: both answers right
+    nbformat.write(student_version(c3=CORRECT_DOUBLE, c5=CORRECT_CLIP), subs / "alice" / "ch.ipynb")
+    # bob: a wrong answer, then a cell that raises; the check after it must still run
+    nbformat.write(student_version(c3="def double(x):\n    return x + 1", c6=CORRECT_CLIP,
+                                   between=["raise RuntimeError('boom')"]), subs / "bob" / "work" / "ch.ipynb")
+    # carol (a file directly in the folder): the first check runs, then a cell sleeps past the timeout
+    nbformat.write(student_version(c3=CORRECT_DOUBLE, c6=CORRECT_CLIP, between=["import time\ntime.sleep(120)"]),
+                   subs / "carol.ipynb")
+    out = root / "grades.csv"
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert course.main(["grade", str(subs), "--out", str(out), "--timeout", "8"]) == 0
+    with out.open(newline="") as f:
+        return list(csv.DictReader(f)), printed.getvalue()
+
+
+def by_key(rows):
+    return {(r["student"], r["notebook"], r["label"]): (r["passed"], r["message"]) for r in rows}
+
+
+def test_grade_csv_has_one_row_per_student_notebook_and_check(graded):
+    rows, _ = graded
+    assert list(rows[0]) == course.CSV_FIELDS
+    keys = [(r["student"], r["notebook"], r["label"]) for r in rows]
+    assert sorted(keys) == sorted([
+        ("alice", "ch.ipynb", "test-double"), ("alice", "ch.ipynb", "test-clip"),
+        ("bob", "work/ch.ipynb", "test-double"), ("bob", "work/ch.ipynb", "test-clip"),
+        ("carol", "carol.ipynb", "test-double"), ("carol", "carol.ipynb", "test-clip"),
+        ("carol", "carol.ipynb", "*"),
+    ])
+
+
+def test_grade_records_passes_failures_and_hints(graded):
+    rows = by_key(graded[0])
+    assert rows["alice", "ch.ipynb", "test-double"] == ("1", "passed")
+    assert rows["alice", "ch.ipynb", "test-clip"] == ("1", "passed")
+    passed, message = rows["bob", "work/ch.ipynb", "test-double"]
+    assert passed == "0" and "double(0) should be 0, got 1." in message and "Hint: multiply by two" in message
+    assert rows["bob", "work/ch.ipynb", "test-clip"] == ("1", "passed")  # ran after the failing cell
+
+
+def test_grade_records_a_timeout_without_losing_earlier_checks(graded):
+    rows = by_key(graded[0])
+    assert rows["carol", "carol.ipynb", "test-double"] == ("1", "passed")
+    assert rows["carol", "carol.ipynb", "test-clip"] == ("0", course.NOT_RUN)
+    passed, message = rows["carol", "carol.ipynb", "*"]
+    assert passed == "0" and "timed out" in message and "8 s" in message
+
+
+def test_grade_prints_a_summary(graded):
+    printed = graded[1]
+    assert "Graded 3 notebooks: 4/6 checks passed" in printed
+    assert "alice: 2/2 checks passed" in printed and "bob: 1/2 checks passed" in printed
+    assert "carol: 1/2 checks passed; did not finish: carol.ipynb" in printed
+
+
+def test_grade_notebook_survives_a_dead_kernel_and_an_unreadable_file(tmp_path):
+    crash = student_version(c3=CORRECT_DOUBLE, c5=CORRECT_CLIP)
+    crash.cells.insert(5, new_code_cell("import os\nos._exit(1)"))
+    nbformat.write(crash, tmp_path / "crash.ipynb")
+    (tmp_path / "broken.ipynb").write_text("{not json")
+    rows = course.grade([tmp_path / "crash.ipynb", tmp_path / "broken.ipynb"], tmp_path / "g.csv", timeout=30)
+    got = {(r["student"], r["label"]): (r["passed"], r["message"]) for r in rows}
+    assert got["crash", "test-double"] == (1, "passed")
+    assert got["crash", "test-clip"] == (0, course.NOT_RUN)
+    assert got["crash", "*"][0] == 0 and "did not finish" in got["crash", "*"][1]
+    assert got["broken", "*"][0] == 0 and got["broken", "*"][1].startswith("could not read")
+    assert len(rows) == 4
+    with (tmp_path / "g.csv").open(newline="") as f:
+        assert len(list(csv.DictReader(f))) == 4
+
+
+def test_grade_log_lines_are_json_from_the_check_api(registry, tmp_path, monkeypatch):
+    # the grader relies on this contract of attnbook.exercises.check
+    monkeypatch.setenv("ATTNBOOK_GRADE_LOG", str(tmp_path / "log.jsonl"))
+    run_cells(chapter())
+    lines = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert lines == [{"label": "test-double", "passed": True, "message": "passed"},
+                     {"label": "test-clip", "passed": True, "message": "passed"}]

@@ -1,0 +1,52 @@
+"""Seeds, the default device and show_source."""
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from attnbook import utils
+
+
+def test_seed_everything_makes_every_generator_reproducible():
+    g1 = utils.seed_everything(123)
+    first = (torch.rand(4), np.random.rand(2), random.random(), torch.rand(3, generator=g1))
+    g2 = utils.seed_everything(123)
+    second = (torch.rand(4), np.random.rand(2), random.random(), torch.rand(3, generator=g2))
+    torch.testing.assert_close(first[0], second[0], rtol=0, atol=0)
+    np.testing.assert_array_equal(first[1], second[1])
+    assert first[2] == second[2]
+    torch.testing.assert_close(first[3], second[3], rtol=0, atol=0)
+    utils.seed_everything(124)
+    assert not torch.equal(torch.rand(4), first[0])
+
+
+def test_seed_everything_returns_a_generator_seeded_like_manual_seed():
+    g = utils.seed_everything(7)
+    assert isinstance(g, torch.Generator) and g.initial_seed() == 7
+    torch.testing.assert_close(torch.rand(5, generator=g), torch.rand(5, generator=torch.Generator().manual_seed(7)))
+
+
+def test_default_device_honours_attnbook_device(monkeypatch):
+    monkeypatch.setenv("ATTNBOOK_DEVICE", "meta")
+    assert utils.default_device() == torch.device("meta")
+    monkeypatch.delenv("ATTNBOOK_DEVICE")
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert utils.default_device() == torch.device(expected)
+
+
+def _example(x):
+    """An example function."""
+    return x + 1
+
+
+def test_show_source_returns_and_prints_the_source(capsys):
+    text = utils.show_source(_example)
+    assert text.startswith("def _example(x):") and "return x + 1" in text
+    assert "return x + 1" in capsys.readouterr().out  # outside IPython it prints
+
+
+def test_show_source_rejects_builtins():
+    with pytest.raises(TypeError):
+        utils.show_source(len)
