@@ -181,7 +181,7 @@ def _reset_peak_rss() -> bool:
 def measure(fn: Callable, *args, repeat: int = 5, warmup: int = 1, **kwargs) -> dict:
     """Run ``fn(*args, **kwargs)`` and return its median wall time and peak extra memory.
 
-    Returns ``{"time_s": median seconds, "times_s": all runs, "peak_bytes": int | None, "memory": how}``.
+    Returns ``{"time_s": median seconds, "min_s": fastest run (robust on a busy machine), "times_s": all runs, "peak_bytes": int | None, "memory": how}``.
     Peak memory is read from the CUDA allocator when the arguments live on a GPU
     (``torch.cuda.max_memory_allocated`` above the starting allocation), and on Linux CPUs from the
     process's peak resident set size (``VmHWM``, reset before the run) above the resident size
@@ -218,7 +218,7 @@ def measure(fn: Callable, *args, repeat: int = 5, warmup: int = 1, **kwargs) -> 
             peak = max(0, (_rss_field("VmHWM") or 0) - start_mem)
         else:
             peak = None
-    return {"time_s": statistics.median(times), "times_s": times, "peak_bytes": peak, "memory": how}
+    return {"time_s": statistics.median(times), "min_s": min(times), "times_s": times, "peak_bytes": peak, "memory": how}
 
 
 def loglog_slope(x, y) -> float:

@@ -131,7 +131,7 @@ def dot_score(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 def scaled_dot_score(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
     """Transformer score ``e_ij = q_i . k_j / sqrt(E)`` (or ``* scale`` when given)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return dot_score(q, k) * scale
+    return dot_score(q * scale, k)  # scaling q (L x E) is cheaper than scaling the L x S scores
 
 
 def general_score(q: torch.Tensor, k: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -183,7 +183,11 @@ def masked_softmax(scores: torch.Tensor, attn_mask: torch.Tensor | None = None, 
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         else:
             scores = scores + attn_mask
+    if attn_mask is None:
+        return torch.softmax(scores, dim=-1)
     dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # rows with nothing to attend to
+    if not dead.any():  # the common case: no extra L x S copies
+        return torch.softmax(scores, dim=-1)
     weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1)
     return weights.masked_fill(dead, 0.0)
 

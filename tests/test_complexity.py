@@ -199,7 +199,8 @@ def _square(n):
 
 def test_measure_times_and_keys():
     result = measure(torch.ones, 64, 64, repeat=3, warmup=2)
-    assert set(result) == {"time_s", "times_s", "peak_bytes", "memory"}
+    assert set(result) == {"time_s", "min_s", "times_s", "peak_bytes", "memory"}
+    assert result["min_s"] == min(result["times_s"])
     assert len(result["times_s"]) == 3 and all(t > 0 for t in result["times_s"])
     assert result["time_s"] > 0 and min(result["times_s"]) <= result["time_s"] <= max(result["times_s"])
     calls = []
