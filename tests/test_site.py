@@ -100,6 +100,16 @@ def test_page_loads_every_local_asset(browser, server, page):
     assert browser.find_element("css selector", "article h1").text.strip(), f"{page} has no title"
 
 
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_math_is_typeset_from_the_local_mathjax(browser, server, chapter):
+    _open(browser, server, f"book/{chapter}.html")
+    _wait_until(lambda: browser.execute_script("return document.querySelectorAll('mjx-container').length > 0"), 15)
+    typeset = browser.execute_script("return document.querySelectorAll('mjx-container').length")
+    assert typeset > 0, f"{chapter}: no formula was typeset"
+    sources = browser.execute_script("return [...document.querySelectorAll('script[src*=\"mathjax\"]')].map(s => s.src)")
+    assert sources and all(src.startswith(server) for src in sources), f"MathJax must come from the site: {sources}"
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_internal_links_resolve(browser, server, page):
     _open(browser, server, page)
