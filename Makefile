@@ -8,6 +8,8 @@ STAMP  := $(VENV)/.installed
 #   make book TORCH_INDEX=https://download.pytorch.org/whl/cpu
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX   ?=
+# Tests run on $(JOBS) processes of one thread each: tiny models are slower, not faster, when
+# two test processes each ask for every core.
 JOBS   ?= 2
 
 .PHONY: help install book test test-fast student clean
@@ -34,10 +36,10 @@ book: $(STAMP)
 	@echo "The book is built: open file://$(CURDIR)/_build/html/index.html"
 
 test: book
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax tests book
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax tests book
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) tests --ignore=tests/test_site.py --ignore=tests/test_course.py
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n $(JOBS) tests --ignore=tests/test_site.py --ignore=tests/test_course.py
 
 student: $(STAMP)
 	$(BIN)/python -m attnbook.course student student

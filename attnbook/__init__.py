@@ -13,7 +13,10 @@ __version__ = "0.1.0"
 from . import complexity, core, exercises, utils  # noqa: E402,F401
 from .core import MultiHeadAttention, scaled_dot_product_attention  # noqa: E402,F401
 
-_LAZY = {"viz", "widgets", "train", "course", "kernels"}
+_LAZY = {
+    "positional", "models", "sparse", "linear", "kvcache", "flash", "rnn", "data", "vision", "graph",
+    "connections", "viz", "widgets", "train", "course", "kernels",
+}
 
 
 def __getattr__(name: str):
