@@ -12,6 +12,7 @@ __version__ = "0.1.0"
 
 from . import complexity, core, exercises, utils  # noqa: E402,F401
 from .core import MultiHeadAttention, scaled_dot_product_attention  # noqa: E402,F401
+from .utils import show_source  # noqa: E402,F401  (DESIGN.md: attnbook.show_source(fn))
 
 _LAZY = {
     "positional", "models", "sparse", "linear", "kvcache", "flash", "rnn", "data", "vision", "graph",

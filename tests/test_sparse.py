@@ -1,0 +1,277 @@
+"""Tests of attnbook.sparse: masks against their definitions written as explicit loops, the
+sparse attentions against dense attention with the same mask (attnbook.core and PyTorch),
+shape tracing that no L x S tensor is ever formed, and graph distances against a plain BFS."""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections import deque
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from attnbook.core import scaled_dot_product_attention as dense_attention
+from attnbook.sparse import (
+    bigbird_block_mask,
+    block_sparse_attention,
+    expand_block_mask,
+    global_mask,
+    graph_distances,
+    longformer_mask,
+    lsh_buckets,
+    lsh_mask,
+    random_mask,
+    sliding_window_mask,
+    sliding_window_attention,
+)
+
+TIGHT = dict(atol=1e-10, rtol=1e-8)  # float64 throughout, unless a test says otherwise
+
+
+def randn(*shape, gen, dtype=torch.float64):
+    return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
+
+
+class LargestTensor(TorchDispatchMode):
+    """Records the largest number of elements of any tensor an operation produced."""
+
+    def __init__(self):
+        super().__init__()
+        self.largest = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.largest = max(self.largest, t.numel())
+        return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Token masks: the definitions, entry by entry
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n, window, dilation, causal", list(itertools.product([1, 6, 11], [0, 1, 3], [1, 2, 3], [False, True])))
+def test_sliding_window_mask_definition(n, window, dilation, causal):
+    mask = sliding_window_mask(n, window, causal=causal, dilation=dilation)
+    for i, j in itertools.product(range(n), range(n)):
+        expected = abs(i - j) <= window * dilation and (i - j) % dilation == 0 and (j <= i or not causal)
+        assert mask[i, j].item() == expected, (i, j)
+
+
+def test_global_mask_definition():
+    mask = global_mask(7, [0, 4])
+    for i, j in itertools.product(range(7), range(7)):
+        assert mask[i, j].item() == (i in (0, 4) or j in (0, 4))
+    assert not global_mask(3, []).any()
+
+
+@pytest.mark.parametrize("n, r", [(1, 1), (9, 0), (9, 3), (16, 16)])
+def test_random_mask_rows_have_n_random_keys(n, r):
+    mask = random_mask(n, r, generator=torch.Generator().manual_seed(1))
+    assert mask.shape == (n, n) and mask.dtype == torch.bool
+    assert (mask.sum(dim=-1) == r).all()
+
+
+def test_random_mask_is_reproducible_and_uniform():
+    assert torch.equal(random_mask(20, 3, torch.Generator().manual_seed(5)), random_mask(20, 3, torch.Generator().manual_seed(5)))
+    assert not torch.equal(random_mask(20, 3, torch.Generator().manual_seed(5)), random_mask(20, 3, torch.Generator().manual_seed(6)))
+    gen = torch.Generator().manual_seed(0)
+    freq = sum(random_mask(10, 2, gen).float() for _ in range(2000)) / 2000  # each key: probability 2 / 10
+    assert (freq - 0.2).abs().max() < 0.04
+
+
+def test_longformer_mask_is_window_or_global():
+    expected = sliding_window_mask(12, 2, dilation=2) | global_mask(12, [0, 11])
+    assert torch.equal(longformer_mask(12, 2, [0, 11], dilation=2), expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# BigBird block masks
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n_blocks, g, w, r", [(1, 1, 3, 2), (4, 1, 3, 2), (10, 1, 3, 2), (16, 2, 3, 3), (12, 1, 5, 0), (9, 0, 4, 1)])
+def test_bigbird_block_mask_structure(n_blocks, g, w, r):
+    mask = bigbird_block_mask(n_blocks, g, w, r, generator=torch.Generator().manual_seed(n_blocks))
+    is_global = [i < g or i >= n_blocks - g for i in range(n_blocks)]
+    for i in range(n_blocks):
+        if is_global[i]:
+            assert mask[i].all() and mask[:, i].all(), f"global block {i} must see and be seen by all"
+            continue
+        fixed = {j for j in range(n_blocks) if is_global[j] or -(w // 2) <= j - i < w - w // 2}
+        chosen = set(torch.nonzero(mask[i]).flatten().tolist())
+        assert fixed <= chosen, f"row {i} misses window/global blocks {fixed - chosen}"
+        assert len(chosen - fixed) == min(r, n_blocks - len(fixed)), f"row {i}: wrong number of random blocks"
+
+
+def test_bigbird_block_mask_random_part_is_seeded_and_varies():
+    a = bigbird_block_mask(32, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(a, bigbird_block_mask(32, generator=torch.Generator().manual_seed(0)))
+    assert not torch.equal(a, bigbird_block_mask(32, generator=torch.Generator().manual_seed(1)))
+    active = a.sum(dim=-1)
+    assert active[0] == active[-1] == 32 and (active[1:-1] <= 2 + 3 + 2).all()  # linear: O(g + w + r) per row
+
+
+def test_expand_block_mask_definition():
+    block = torch.rand(2, 3, 4, generator=torch.Generator().manual_seed(0)) < 0.5
+    token = expand_block_mask(block, 3)
+    assert token.shape == (2, 9, 12)
+    for b, i, j in itertools.product(range(2), range(9), range(12)):
+        assert token[b, i, j] == block[b, i // 3, j // 3]
+
+
+# ---------------------------------------------------------------------------------------------
+# block_sparse_attention == dense attention with the expanded mask
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("L, S", [(1, 1), (5, 5), (16, 16), (37, 37), (12, 40), (40, 12), (64, 33)])
+@pytest.mark.parametrize("block", [1, 4, 8, 16])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_block_sparse_matches_dense(L, S, block, is_causal, gen):
+    n_qb, n_kb = math.ceil(L / block), math.ceil(S / block)
+    block_mask = torch.rand(n_qb, n_kb, generator=gen) < 0.4
+    block_mask[0] = True  # a dense row, so the wide-row path runs too
+    q, k, v = randn(2, 3, L, 8, gen=gen), randn(2, 3, S, 8, gen=gen), randn(2, 3, S, 5, gen=gen)
+    out = block_sparse_attention(q, k, v, block_mask, block, is_causal=is_causal)
+    token_mask = expand_block_mask(block_mask, block)[:L, :S]
+    torch.testing.assert_close(out, dense_attention(q, k, v, token_mask, is_causal=is_causal), **TIGHT)
+
+
+@given(
+    L=st.integers(1, 50), S=st.integers(1, 50), block=st.integers(1, 12), density=st.floats(0.0, 1.0),
+    causal=st.booleans(), seed=st.integers(0, 2**16),
+)
+def test_block_sparse_matches_dense_property(L, S, block, density, causal, seed):
+    gen = torch.Generator().manual_seed(seed)
+    block_mask = torch.rand(math.ceil(L / block), math.ceil(S / block), generator=gen) < density
+    q, k, v = randn(1, 2, L, 4, gen=gen), randn(1, 2, S, 4, gen=gen), randn(1, 2, S, 3, gen=gen)
+    out = block_sparse_attention(q, k, v, block_mask, block, is_causal=causal)
+    expected = dense_attention(q, k, v, expand_block_mask(block_mask, block)[:L, :S], is_causal=causal)
+    assert not out.isnan().any()  # rows with nothing to attend to are zeros, as in attnbook.core
+    torch.testing.assert_close(out, expected, **TIGHT)
+
+
+def test_block_sparse_bigbird_matches_torch_sdpa_float32(gen):
+    n, block = 8 * 32 + 5, 32  # ragged last block
+    block_mask = bigbird_block_mask(math.ceil(n / block), generator=gen)
+    q, k, v = (torch.randn(2, 4, n, 16, generator=gen) for _ in range(3))
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=expand_block_mask(block_mask, block)[:n, :n])
+    torch.testing.assert_close(block_sparse_attention(q, k, v, block_mask, block), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_block_sparse_broadcasts_batch_dims(gen):
+    q, k, v = randn(2, 1, 10, 4, gen=gen), randn(1, 3, 10, 4, gen=gen), randn(1, 3, 10, 6, gen=gen)
+    block_mask = torch.rand(3, 3, generator=gen) < 0.6
+    out = block_sparse_attention(q, k, v, block_mask, 4)
+    assert out.shape == (2, 3, 10, 6)
+    torch.testing.assert_close(out, dense_attention(q, k, v, expand_block_mask(block_mask, 4)[:10, :10]), **TIGHT)
+
+
+def test_block_sparse_gradients_match_dense(gen):
+    block_mask = bigbird_block_mask(5, generator=gen)
+    block_mask[2] = False  # a row with nothing to attend to: zero output, zero gradient
+    inputs = [randn(1, 2, 18, 4, gen=gen).requires_grad_() for _ in range(3)]
+    grads = torch.autograd.grad(block_sparse_attention(*inputs, block_mask, 4).square().sum(), inputs)
+    dense = dense_attention(*inputs, expand_block_mask(block_mask, 4)[:18, :18])
+    for got, expected in zip(grads, torch.autograd.grad(dense.square().sum(), inputs)):
+        torch.testing.assert_close(got, expected, **TIGHT)
+
+
+def test_block_sparse_never_forms_an_L_by_S_tensor(gen):
+    n, block = 8192, 64  # long enough that the fixed-size chunks of scores are far below n^2
+    block_mask = bigbird_block_mask(n // block, generator=gen)
+    q, k, v = (torch.randn(1, 1, n, 16, generator=gen) for _ in range(3))
+    with LargestTensor() as trace:
+        block_sparse_attention(q, k, v, block_mask, block)
+    assert trace.largest < n * n / 32, f"largest intermediate has {trace.largest} elements; n^2 = {n * n}"
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(block_mask=torch.ones(2, 2, dtype=torch.bool)), "block_mask"),
+        (dict(block_mask=torch.ones(3, 3)), "block_mask"),
+        (dict(block_size=0), "block_size"),
+    ],
+)
+def test_block_sparse_errors_name_the_argument(bad, match, gen):
+    args = dict(q=randn(1, 10, 4, gen=gen), k=randn(1, 10, 4, gen=gen), v=randn(1, 10, 4, gen=gen),
+                block_mask=torch.ones(3, 3, dtype=torch.bool), block_size=4)
+    args.update(bad)
+    with pytest.raises(ValueError, match=match):
+        block_sparse_attention(**args)
+
+
+# ---------------------------------------------------------------------------------------------
+# sliding_window_attention == dense attention with the window mask, in O(n w) memory
+# ---------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n, window, causal", list(itertools.product([1, 2, 9, 30], [0, 1, 4, 40], [False, True])))
+def test_sliding_window_attention_matches_dense(n, window, causal, gen):
+    q, k, v = randn(2, 3, n, 8, gen=gen), randn(2, 3, n, 8, gen=gen), randn(2, 3, n, 5, gen=gen)
+    expected = dense_attention(q, k, v, sliding_window_mask(n, window, causal=causal))
+    torch.testing.assert_close(sliding_window_attention(q, k, v, window, is_causal=causal), expected, **TIGHT)
+
+
+def test_sliding_window_attention_memory_is_linear(gen):
+    n, window = 4096, 8
+    q, k, v = (torch.randn(1, n, 16, generator=gen) for _ in range(3))
+    with LargestTensor() as trace:
+        sliding_window_attention(q, k, v, window)
+    assert trace.largest <= n * (2 * window + 1) * 16, f"largest intermediate has {trace.largest} elements"
+
+
+def test_sliding_window_attention_errors(gen):
+    q = randn(5, 4, gen=gen)
+    with pytest.raises(ValueError, match="same length"):
+        sliding_window_attention(q, randn(6, 4, gen=gen), randn(6, 4, gen=gen), 1)
+    with pytest.raises(ValueError, match="window"):
+        sliding_window_attention(q, q, q, -1)
+
+
+# ---------------------------------------------------------------------------------------------
+# LSH buckets and the graph view
+# ---------------------------------------------------------------------------------------------
+def test_lsh_buckets_range_and_scale_invariance(gen):
+    x = randn(3, 50, 8, gen=gen)
+    buckets = lsh_buckets(x, 8, generator=torch.Generator().manual_seed(0))
+    assert buckets.shape == (3, 50) and buckets.min() >= 0 and buckets.max() < 8
+    assert torch.equal(buckets, lsh_buckets(2.5 * x, 8, generator=torch.Generator().manual_seed(0)))  # angular
+    mask = lsh_mask(x[0], 8, generator=gen)
+    assert torch.equal(mask, mask.T) and mask.diagonal().all()
+
+
+def test_lsh_close_vectors_collide_more_often(gen):
+    x = randn(2000, 16, gen=gen)
+    near, far = x + 0.1 * randn(2000, 16, gen=gen), randn(2000, 16, gen=gen)
+    rate = lambda y: (lsh_buckets(torch.stack([x, y]), 8, torch.Generator().manual_seed(3)).diff(dim=0) == 0).float().mean()  # noqa: E731
+    assert rate(near) > 0.8 and rate(far) < 0.3
+
+
+def _bfs_distances(mask: torch.Tensor) -> list[list[int]]:
+    n = mask.shape[0]
+    out = []
+    for s in range(n):
+        dist = [-1] * n
+        dist[s], queue = 0, deque([s])
+        while queue:
+            i = queue.popleft()
+            for j in torch.nonzero(mask[i]).flatten().tolist():
+                if dist[j] < 0:
+                    dist[j] = dist[i] + 1
+                    queue.append(j)
+        out.append(dist)
+    return out
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_graph_distances_match_bfs(seed):
+    mask = torch.rand(12, 12, generator=torch.Generator().manual_seed(seed)) < 0.15
+    assert graph_distances(mask).tolist() == _bfs_distances(mask)
+
+
+def test_graph_distances_window_and_global():
+    n, w = 33, 2
+    assert graph_distances(sliding_window_mask(n, w)).max() == math.ceil((n - 1) / w)
+    assert graph_distances(longformer_mask(n, w, [16])).max() == 2  # any token -> global token -> any token
