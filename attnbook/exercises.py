@@ -207,33 +207,446 @@ def _check_max_seq_len(student) -> None:
 # ---------------------------------------------------------------------------------------------
 # Chapter 3: positional encodings
 # ---------------------------------------------------------------------------------------------
+@register(
+    "ch03-sinusoidal",
+    hint="omega_f = base ** (-2f / dim) for f = 0 .. dim/2 - 1; even columns 0, 2, 4, ... hold sin(i * omega_f), "
+    "odd columns hold cos(i * omega_f). Build a (n, 1) column of positions times a (1, dim/2) row of frequencies.",
+)
+def _check_ch03_sinusoidal(student) -> None:
+    """``student(n_positions, dim, base=10000.0)`` must equal :func:`attnbook.positional.sinusoidal_encoding`."""
+    from .positional import sinusoidal_encoding
+
+    for n, dim, base in [(1, 2, 10000.0), (7, 4, 10000.0), (50, 16, 10000.0), (33, 10, 100.0)]:
+        got = student(n, dim, base=base)
+        assert isinstance(got, torch.Tensor), f"return a torch.Tensor, got {type(got).__name__}."
+        _assert_close(got, sinusoidal_encoding(n, dim, base), f"n_positions={n}, dim={dim}, base={base}", atol=1e-4)
+
+
+@register(
+    "ch03-alibi-slopes",
+    hint="for a power of two n: 2 ** (-8 * h / n) for h = 1..n. Otherwise take p = the largest power of two below n, "
+    "the p slopes of p heads, then slopes [0::2] of the 2p-head list until you have n.",
+)
+def _check_ch03_alibi_slopes(student) -> None:
+    """``student(n_heads)`` must return ALiBi's slopes (a list or tensor) for powers of two and other counts."""
+    from .positional import alibi_slopes
+
+    for n in (1, 2, 4, 8, 16, 3, 6, 12, 20, 24):
+        got = torch.as_tensor(student(n), dtype=torch.float64)
+        _assert_close(got, alibi_slopes(n).double(), f"n_heads={n}", atol=1e-7, rtol=1e-6)
+
+
+@register(
+    "ch03-t5-bucket",
+    hint="bidirectional: halve num_buckets and add it when the key is after the query (offset > 0); distance = |offset|. "
+    "Causal: distance = max(-offset, 0). Distances below half the (per-direction) buckets are their own bucket; "
+    "larger ones get max_exact + int(log(n / max_exact) / log(max_distance / max_exact) * (buckets - max_exact)), "
+    "clamped to buckets - 1.",
+)
+def _check_ch03_t5_bucket(student) -> None:
+    """``student(offset, bidirectional=True, num_buckets=32, max_distance=128)`` on a Python int offset."""
+    from .positional import t5_relative_position_bucket
+
+    offsets = list(range(-40, 41)) + [-1000, -200, -129, -128, -127, -64, 64, 127, 128, 500]
+    for bidirectional, num_buckets, max_distance in [(True, 32, 128), (False, 32, 128), (True, 8, 32)]:
+        for offset in offsets:
+            expected = t5_relative_position_bucket(torch.tensor(offset), bidirectional, num_buckets, max_distance).item()
+            got = student(offset, bidirectional=bidirectional, num_buckets=num_buckets, max_distance=max_distance)
+            assert int(got) == expected, (
+                f"offset {offset} (bidirectional={bidirectional}, num_buckets={num_buckets}, "
+                f"max_distance={max_distance}): expected bucket {expected}, got {got}."
+            )
+
+
+@register(
+    "ch03-rope",
+    hint="angles = positions[:, None] * inv_freq[None, :] with inv_freq = base ** (-2f / dim); for each pair "
+    "(x[..., 2f], x[..., 2f+1]) return (x1 cos - x2 sin, x1 sin + x2 cos), interleaved back in the same order.",
+)
+def _check_ch03_rope(student) -> None:
+    """``student(x, positions, base=10000.0)`` must equal ``RotaryEmbedding(dim, base, interleaved=True)``."""
+    from .positional import RotaryEmbedding
+
+    gen = torch.Generator().manual_seed(303)
+    for shape, base, start in [((5, 2), 10000.0, 0), ((2, 3, 7, 8), 10000.0, 0), ((4, 16), 500.0, 100)]:
+        x = torch.randn(*shape, generator=gen)
+        positions = torch.arange(start, start + shape[-2])
+        expected = RotaryEmbedding(shape[-1], base, interleaved=True)(x, positions=positions)
+        got = student(x, positions, base=base)
+        _assert_close(got, expected, f"x of shape {shape}, positions {start}..{start + shape[-2] - 1}, base={base}",
+                      atol=1e-4)
 
 
 # ---------------------------------------------------------------------------------------------
 # Chapter 4: sparse attention
 # ---------------------------------------------------------------------------------------------
+@register(
+    "ch04-dilated-window",
+    hint="with offset = i - j (an (n, n) tensor from two aranges), allow |offset| <= window * dilation and "
+    "offset % dilation == 0, and with causal also offset >= 0; return a bool tensor.",
+)
+def _check_ch04_dilated_window(student) -> None:
+    """``student(seq_len, window, causal=False, dilation=1)`` must equal :func:`attnbook.sparse.sliding_window_mask`."""
+    from .sparse import sliding_window_mask
+
+    for n, window, causal, dilation in [(1, 0, False, 1), (8, 1, False, 1), (9, 2, False, 2), (12, 2, True, 3),
+                                        (10, 0, True, 2), (16, 3, False, 4), (7, 10, True, 1)]:
+        got = student(n, window, causal=causal, dilation=dilation)
+        what = f"seq_len={n}, window={window}, causal={causal}, dilation={dilation}"
+        assert isinstance(got, torch.Tensor) and got.dtype == torch.bool, f"{what}: return a bool tensor."
+        expected = sliding_window_mask(n, window, causal=causal, dilation=dilation)
+        assert got.shape == expected.shape, f"{what}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}."
+        wrong = (got != expected).nonzero()
+        assert not len(wrong), f"{what}: entry (i, j) = {tuple(wrong[0].tolist())} should be {bool(expected[tuple(wrong[0])])}."
+
+
+def _largest_new_tensor(fn, *args) -> int:
+    """Run ``fn(*args)`` and return the largest number of elements of any tensor an operation created."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    Largest.numel = max(Largest.numel, t.numel())
+            return out
+
+    with Largest():
+        fn(*args)
+    return Largest.numel
+
+
+@register(
+    "ch04-local-attention",
+    hint="reshape q, k, v from (..., n, d) to (..., n // block_size, block_size, d), run ordinary scaled "
+    "dot-product attention on the last two dimensions (every block is a batch entry), and reshape back.",
+)
+def _check_ch04_local_attention(student) -> None:
+    """``student(q, k, v, block_size)`` must equal dense attention with a block-diagonal mask, in O(n b) memory."""
+    from .core import scaled_dot_product_attention
+    from .sparse import expand_block_mask
+
+    gen = torch.Generator().manual_seed(105)
+    for shape, block in [((1, 4, 3), 1), ((2, 8, 4), 4), ((2, 3, 12, 8), 3), ((1, 6, 5), 6)]:
+        q, k, v = (torch.randn(*shape, generator=gen, dtype=torch.float64) for _ in range(3))
+        mask = expand_block_mask(torch.eye(shape[-2] // block, dtype=torch.bool), block)
+        _assert_close(student(q, k, v, block), scaled_dot_product_attention(q, k, v, mask),
+                      f"q of shape {shape}, block_size={block}")
+    n, block, dim = 2048, 16, 8
+    q, k, v = (torch.randn(n, dim, generator=gen) for _ in range(3))
+    largest = _largest_new_tensor(student, q, k, v, block)
+    assert largest <= n * block * dim, (
+        f"for n={n}, block_size={block} your code made a tensor of {largest} elements: "
+        f"local attention needs only n * block_size scores, not n^2 = {n * n}."
+    )
+
+
+@register(
+    "ch04-sliding-window-attention",
+    hint="zero-pad k and v by `window` positions at both ends (torch.nn.functional.pad), take windows with "
+    ".unfold(-2, 2 * window + 1, 1), score q against its window only, and mask the padded positions before the softmax.",
+)
+def _check_ch04_sliding_window_attention(student) -> None:
+    """``student(q, k, v, window)`` must equal dense attention with the window mask and never form an ``n x n`` tensor."""
+    from .core import scaled_dot_product_attention
+    from .sparse import sliding_window_mask
+
+    gen = torch.Generator().manual_seed(104)
+    for shape, window in [((1, 1, 4), 0), ((2, 5, 4), 1), ((2, 3, 17, 8), 3), ((1, 6, 2), 10)]:
+        q, k, v = (torch.randn(*shape, generator=gen, dtype=torch.float64) for _ in range(3))
+        expected = scaled_dot_product_attention(q, k, v, sliding_window_mask(shape[-2], window))
+        _assert_close(student(q, k, v, window), expected, f"q of shape {shape}, window={window}")
+    n, window, dim = 2048, 4, 8
+    q, k, v = (torch.randn(n, dim, generator=gen) for _ in range(3))
+    largest = _largest_new_tensor(student, q, k, v, window)
+    assert largest <= n * (2 * window + 1) * dim, (
+        f"for n={n}, window={window} your code made a tensor of {largest} elements: "
+        f"memory must be O(n * window), not O(n^2) = {n * n}."
+    )
 
 
 # ---------------------------------------------------------------------------------------------
 # Chapter 5: linear and low-rank attention
 # ---------------------------------------------------------------------------------------------
+def _ch05_inputs(seed: int, L: int, S: int, E: int = 4, Ev: int = 3, batch: tuple[int, ...] = (2,)):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(*batch, n, e, generator=gen, dtype=torch.float64) for n, e in ((L, E), (S, E), (S, Ev)))
+
+
+@register(
+    "ch05-linear-attention",
+    hint="compute kv = phi(K)^T V (shape M x Ev) and z = the sum of phi(K) over the keys first, then "
+    "divide phi(Q) kv by phi(Q) z + eps row by row; phi is elu(x) + 1 and there is no 1/sqrt(d).",
+)
+def _check_linear_attention(student) -> None:
+    from .linear import linear_attention
+
+    for seed, (L, S) in enumerate([(5, 5), (3, 8), (1, 1), (7, 2)]):
+        q, k, v = _ch05_inputs(seed, L, S)
+        _assert_close(student(q, k, v), linear_attention(q, k, v), f"linear attention for L={L}, S={S}")
+    q, k, v = _ch05_inputs(9, 4, 6, batch=(2, 3))
+    _assert_close(student(q, k, v), linear_attention(q, k, v), "linear attention with (batch, heads, n, d) inputs")
+
+
+@register(
+    "ch05-causal-prefix-sums",
+    hint="torch.cumsum over the sequence of the outer products phi(k_j) v_j^T (shape n x M x Ev) and of "
+    "phi(k_j) gives S_i and z_i; out_i = phi(q_i) S_i / (phi(q_i) z_i + eps). Query i sees keys 0..i.",
+)
+def _check_causal_prefix_sums(student) -> None:
+    from .linear import linear_attention
+
+    for seed, n in enumerate([1, 2, 6, 11]):
+        q, k, v = _ch05_inputs(seed, n, n)
+        expected = linear_attention(q, k, v, is_causal=True)
+        _assert_close(student(q, k, v), expected, f"causal linear attention for n={n}")
+    q, k, v = _ch05_inputs(5, 6, 6)
+    q2 = q.clone()
+    k2, v2 = k.clone(), v.clone()
+    k2[..., 4:, :] += 5.0
+    v2[..., 4:, :] -= 5.0
+    _assert_close(student(q2, k2, v2)[..., :4, :], student(q, k, v)[..., :4, :],
+                  "changing keys/values 4 and 5 must not change outputs 0..3 (causality)")
+
+
+@register(
+    "ch05-performer-features",
+    hint="scale x by d**-0.25 first, then exp(x~ W^T - |x~|^2 / 2) / sqrt(m) with m = W.shape[0] "
+    "(one exp of a difference: a quotient of two exps overflows sooner).",
+)
+def _check_performer_features(student) -> None:
+    from .linear import performer_features
+
+    gen = torch.Generator().manual_seed(0)
+    for d, m, scale in [(4, 7, 1.0), (16, 32, 0.5), (8, 3, 1.0)]:
+        x = scale * torch.randn(2, 5, d, generator=gen, dtype=torch.float64)
+        W = torch.randn(m, d, generator=gen, dtype=torch.float64)
+        _assert_close(student(x, W), performer_features(x, W), f"features for d={d}, m={m}")
+    x = 40.0 * torch.randn(1, 4, 16, generator=gen, dtype=torch.float64)  # |x~|^2 / 2 ~ 3000
+    W = torch.randn(8, 16, generator=gen, dtype=torch.float64)
+    got = torch.as_tensor(student(x, W))
+    assert torch.isfinite(got).all(), "features of inputs with a large norm must stay finite (no inf / nan)."
+    _assert_close(got, performer_features(x, W), "features of inputs with a large norm", atol=1e-12, rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------
 # Chapter 8: attention in recurrent models
 # ---------------------------------------------------------------------------------------------
+@register(
+    "ch08-luong-general",
+    hint="scores e_s = h_t^T W_a h_s for every s: (query @ W)[:, None, :] times keys, summed over the last "
+    "dimension (or a batched matmul); then a softmax over s with masked positions set to -inf before it.",
+)
+def _check_ch08_luong_general(student) -> None:
+    """``student(query (B, Dq), keys (B, S, Dk), W (Dq, Dk), mask (B, S) or None)`` -> weights ``(B, S)``."""
+    from .rnn import LuongAttention
+
+    gen = torch.Generator().manual_seed(801)
+    for B, S, dq, dk in [(1, 2, 1, 1), (3, 5, 4, 6), (2, 7, 8, 8)]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(S)
+            attn = LuongAttention(dq, dk, "general")
+        q, k = torch.randn(B, dq, generator=gen), torch.randn(B, S, dk, generator=gen)
+        mask = torch.ones(B, S, dtype=torch.bool)
+        mask[0, S // 2 + 1:] = False  # the first sentence is shorter
+        with torch.no_grad():
+            for m, what in [(None, "no mask"), (mask, "with a padding mask")]:
+                _assert_close(student(q, k, attn.W_a.detach(), m), attn(q, k, m)[1], f"B={B}, S={S}, {what}")
+
+
+@register(
+    "ch08-coverage-loss",
+    hint="the coverage before step t is the sum of the weights of steps 0..t-1 (zero at t = 0: an exclusive "
+    "cumulative sum over T); the loss of step t is sum_s min(a_ts, c_ts); add the steps up.",
+)
+def _check_ch08_coverage_loss(student) -> None:
+    """``student(weights (B, T, S))`` -> total coverage loss per example ``(B,)``."""
+    from .rnn import accumulated_coverage, coverage_loss
+
+    gen = torch.Generator().manual_seed(802)
+    one_hot = torch.eye(3)[[0, 0, 1, 2]].unsqueeze(0)  # re-reads position 0 once: loss 1
+    cases = [("hand example (position 0 read twice)", one_hot)]
+    for B, T, S in [(2, 1, 4), (3, 5, 4), (1, 6, 9)]:
+        cases.append((f"random weights B={B}, T={T}, S={S}", torch.softmax(torch.randn(B, T, S, generator=gen) * 2, -1)))
+    for what, w in cases:
+        expected = coverage_loss(w, accumulated_coverage(w)).sum(-1)
+        _assert_close(student(w), expected, what)
+
+
+@register(
+    "ch08-local-p",
+    hint="keep positions s with |s - p| <= D that are not masked; softmax the scores over those only; "
+    "multiply by exp(-(s - p)^2 / (2 sigma^2)) with sigma = D / 2; everything else is exactly 0.",
+)
+def _check_ch08_local_p(student) -> None:
+    """``student(scores (B, S), p (B,), mask (B, S), window D)`` -> local-p weights ``(B, S)``."""
+    from .rnn import LocalAttention
+
+    gen = torch.Generator().manual_seed(803)
+    for B, S, D in [(1, 3, 1), (3, 9, 2), (2, 12, 3)]:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(S)
+            attn = LocalAttention(4, 5, window=D, mode="local-p")
+        q, k = torch.randn(B, 4, generator=gen) * 3, torch.randn(B, S, 5, generator=gen)
+        mask = torch.ones(B, S, dtype=torch.bool)
+        mask[-1, max(1, S - 2):] = False
+        with torch.no_grad():
+            p = attn.centre(q, mask.sum(-1))
+            expected = attn(q, k, mask)[1]
+            actual = student(attn.score.scores(q, k), p, mask, D)
+        assert not torch.isnan(torch.as_tensor(actual)).any(), f"B={B}, S={S}, D={D}: your weights contain NaN."
+        _assert_close(actual, expected, f"B={B}, S={S}, D={D}")
+
 
 
 # ---------------------------------------------------------------------------------------------
 # Chapter 9: vision attention
 # ---------------------------------------------------------------------------------------------
+@register(
+    "ch09-patchify",
+    hint="cut (B, C, H, W) into (H/p) x (W/p) patches with reshape(B, C, H/p, p, W/p, p), move the two patch-grid "
+    "axes to the front of each image (permute to B, H/p, W/p, C, p, p) and flatten: rows of patches first, "
+    "each patch channel-major.",
+)
+def _check_ch09_patchify(student) -> None:
+    """``student(images, patch_size)`` must equal unfold's row-major, channel-major patches ``(B, N, C*p*p)``."""
+    import torch.nn.functional as F
+
+    from .vision import PatchEmbedding
+
+    gen = torch.Generator().manual_seed(109)
+    for B, C, size, p in [(1, 1, 4, 2), (2, 3, 8, 4), (3, 2, 6, 3), (1, 1, 5, 5)]:
+        x = torch.randn(B, C, size, size, generator=gen)
+        expected = F.unfold(x, kernel_size=p, stride=p).transpose(1, 2)
+        actual = student(x, p)
+        assert isinstance(actual, torch.Tensor), f"return a torch.Tensor, got {type(actual).__name__}."
+        _assert_close(actual, expected, f"patches of a {tuple(x.shape)} batch with patch_size={p}")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(p)
+            embed = PatchEmbedding(size, p, C, 5)
+        with torch.no_grad():
+            _assert_close(actual @ embed.proj.weight.reshape(5, -1).T + embed.proj.bias, embed(x),
+                          f"a linear layer on your patches vs PatchEmbedding (patch_size={p})")
+
+
+@register(
+    "ch09-rollout",
+    hint="for each layer: average over heads (dim 1), add the identity, halve, divide each row by its sum; then "
+    "multiply the layers together with the LATER layer on the left: rollout = A_l @ rollout.",
+)
+def _check_ch09_rollout(student) -> None:
+    """``student(attentions)`` must equal :func:`attnbook.vision.attention_rollout` (with the residual)."""
+    from .vision import attention_rollout
+
+    gen = torch.Generator().manual_seed(209)
+    cases = [(1, 1, 2, 1), (2, 4, 5, 3), (1, 2, 7, 6)]
+    for B, H, T, L in cases:
+        layers = [torch.softmax(2 * torch.randn(B, H, T, T, generator=gen), dim=-1) for _ in range(L)]
+        if L > 1:  # an asymmetric case: the order of the product matters
+            layers[0][..., 0] += 1.0
+            layers[0] /= layers[0].sum(-1, keepdim=True)
+        _assert_close(student(layers), attention_rollout(layers), f"rollout of {L} layers of shape {(B, H, T, T)}")
 
 
 # ---------------------------------------------------------------------------------------------
 # Chapter 10: graph attention
 # ---------------------------------------------------------------------------------------------
+def _random_edge_index(gen: torch.Generator, n: int, e: int) -> torch.Tensor:
+    return torch.randint(0, n, (2, e), generator=gen)
+
+
+@register(
+    "ch10-gcn-propagation",
+    hint="drop the existing self-loops, set A[i, j] = 1 for every edge j -> i (row = target), add the identity, "
+    "take deg = row sums of A + I and return (A + I) / sqrt(deg_i deg_j).",
+)
+def _check_ch10_gcn_propagation(student) -> None:
+    """``student(edge_index, num_nodes)`` must be the dense ``D^-1/2 (A + I) D^-1/2`` that GCNLayer applies."""
+    from .graph import GCNLayer
+
+    gen = torch.Generator().manual_seed(1001)
+    cases = [
+        ("a path 0 - 1 - 2 (both directions)", torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3),
+        ("a graph with an isolated node 4", torch.tensor([[0, 1, 2, 3], [1, 0, 3, 2]]), 5),
+        ("existing self-loops (to be replaced)", torch.tensor([[0, 0, 1, 2, 2], [0, 1, 0, 2, 1]]), 3),
+        ("a random directed graph", torch.unique(_random_edge_index(gen, 8, 20), dim=1), 8),
+    ]
+    for what, edge_index, n in cases:
+        used, weight = GCNLayer(1, 1).edge_weights(edge_index, n)
+        expected = torch.zeros(n, n).index_put_((used[1], used[0]), weight, accumulate=True)
+        _assert_close(student(edge_index, n), expected, what)
+
+
+@register(
+    "ch10-edge-softmax",
+    hint="for each target node take the maximum of its edges' scores (scatter_reduce with 'amax'), subtract it, "
+    "exponentiate, sum per target with index_add_, and divide each edge by its target's sum.",
+)
+def _check_ch10_edge_softmax(student) -> None:
+    """``student(scores, target, num_nodes)`` must equal :func:`attnbook.graph.edge_softmax`."""
+    from .graph import edge_softmax
+
+    gen = torch.Generator().manual_seed(1002)
+    target = torch.randint(0, 6, (15,), generator=gen)
+    cases = [
+        ("scores of shape (E,)", torch.randn(15, generator=gen)),
+        ("scores of shape (E, heads=3)", torch.randn(15, 3, generator=gen)),
+        ("scores around 1000 (overflow test)", torch.randn(15, 2, generator=gen) + 1000.0),
+    ]
+    for what, scores in cases:
+        actual = student(scores, target, 7)  # node 6 (and maybe others) has no incoming edge
+        assert not torch.isnan(actual).any(), f"{what}: your weights contain NaN."
+        _assert_close(actual, edge_softmax(scores, target, 7), what)
+
 
 
 # ---------------------------------------------------------------------------------------------
 # Chapter 11: attention's relatives
 # ---------------------------------------------------------------------------------------------
+@register(
+    "ch11-hopfield-step",
+    hint="scores = beta * query @ patterns^T (one row per query), softmax over the patterns (last dim), "
+    "then multiply by the patterns: one attention step with keys = values = patterns.",
+)
+def _check_ch11_hopfield_step(student) -> None:
+    """``student(query, patterns, beta)`` must equal :func:`attnbook.connections.hopfield_update`."""
+    from .connections import hopfield_update
+
+    gen = torch.Generator().manual_seed(1101)
+    patterns = torch.randn(10, 6, generator=gen)
+    cases = [
+        ("one query, beta = 1", torch.randn(1, 6, generator=gen), patterns, 1.0),
+        ("three queries, beta = 0.1 (soft: an average)", torch.randn(3, 6, generator=gen), patterns, 0.1),
+        ("beta = 50 (sharp, overflow test)", 10 * torch.randn(2, 6, generator=gen), patterns, 50.0),
+        ("a batch of pattern sets (2, N, d)", torch.randn(2, 3, 6, generator=gen), torch.randn(2, 5, 6, generator=gen), 2.0),
+    ]
+    for what, query, pats, beta in cases:
+        actual = student(query, pats, beta)
+        assert not torch.isnan(actual).any(), f"{what}: your update contains NaN."
+        _assert_close(actual, hopfield_update(query, pats, beta), what)
+
+
+@register(
+    "ch11-ssm-matrix",
+    hint="the kernel is K[d, k] = sum_n c[d, n] * a[d, n]**k * b[d, n]; the matrix is T[d, t, s] = K[d, t - s] "
+    "for s <= t and 0 above the diagonal (index K with t - s and mask with a lower triangle).",
+)
+def _check_ch11_ssm_matrix(student) -> None:
+    """``student(a, b, c, length)`` -> ``(D, L, L)`` with ``y[:, :, d] = x[:, :, d] @ T[d].T`` = the SSM's output."""
+    from .connections import ssm_convolution
+
+    gen = torch.Generator().manual_seed(1102)
+    for D, N, L in [(1, 1, 4), (3, 4, 9), (2, 8, 16)]:
+        a = torch.rand(D, N, generator=gen, dtype=torch.float64) * 0.95
+        b = torch.randn(D, N, generator=gen, dtype=torch.float64)
+        c = torch.randn(D, N, generator=gen, dtype=torch.float64)
+        T = torch.as_tensor(student(a, b, c, L))
+        assert T.shape == (D, L, L), f"D={D}, L={L}: expected shape ({D}, {L}, {L}), got {tuple(T.shape)}."
+        assert (T.triu(1) == 0).all(), f"D={D}, L={L}: T must be lower-triangular (an SSM is causal)."
+        x = torch.randn(2, L, D, generator=gen, dtype=torch.float64)
+        y = torch.einsum("dts,bsd->btd", T.to(x.dtype), x)
+        _assert_close(y, ssm_convolution(x, a, b, c), f"the output of your matrix, D={D}, N={N}, L={L}", atol=1e-8)
+
