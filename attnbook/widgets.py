@@ -6,7 +6,9 @@ redraws the same picture when a reader moves a slider in Jupyter or Colab.
 
 Chapter 1 uses :func:`softmax_temperature_explorer` to show how the temperature ``T`` of
 ``softmax(e / T)`` and the ``1 / sqrt(d_k)`` factor of scaled dot-product attention
-(Vaswani et al., 2017) sharpen or flatten attention weights.
+(Vaswani et al., 2017) sharpen or flatten attention weights. Chapter 3 uses
+:func:`rope_rotation_explorer` to show that rotary embeddings (Su et al., 2021) make the score of a
+query at position ``m`` and a key at position ``n`` depend on ``n - m`` only.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-__all__ = ["DEFAULT_SCORES", "attention_entropy", "softmax_temperature_explorer"]
+__all__ = ["DEFAULT_SCORES", "attention_entropy", "softmax_temperature_explorer", "rope_rotation_explorer"]
 
 #: Scores of one query against five keys: one clear winner, a runner-up, and three weaker keys.
 DEFAULT_SCORES = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
@@ -115,3 +117,54 @@ def softmax_temperature_explorer(scores=None, temperatures: Sequence[float] = (0
                                        description="d_k", continuous_update=False),
         scale=ipywidgets.Checkbox(value=False, description="scale by 1/sqrt(d_k)"),
     )
+
+
+def _draw_rotation(rope, q: torch.Tensor, k: torch.Tensor, m: int, n: int, ax) -> float:
+    """Draw ``q``, ``k`` (faint) and ``R_m q``, ``R_n k`` (bold) on ``ax``; return the rotated score."""
+    qm = rope(q[None], positions=torch.tensor([m]))[0]
+    kn = rope(k[None], positions=torch.tensor([n]))[0]
+    for vec, color in ((q, "tab:blue"), (k, "tab:orange")):
+        ax.annotate("", vec.numpy(), (0, 0), arrowprops=dict(arrowstyle="->", color=color, alpha=0.3))
+    for vec, name, color in ((qm, f"$R_{{{m}}} q$", "tab:blue"), (kn, f"$R_{{{n}}} k$", "tab:orange")):
+        ax.annotate("", vec.numpy(), (0, 0), arrowprops=dict(arrowstyle="->", color=color, lw=2))
+        ax.text(*(1.15 * vec).numpy(), name, color=color, ha="center", va="center")
+    ax.set_xlim(-1.35, 1.35)
+    ax.set_ylim(-1.35, 1.35)
+    ax.set_aspect("equal")
+    score = float(qm @ kn)
+    ax.set_title(f"m={m}, n={n}: score {score:.3f}")
+    return score
+
+
+def rope_rotation_explorer(
+    pairs: Sequence[tuple[int, int]] = ((0, 1), (2, 3), (0, 3)),
+    q: Sequence[float] = (1.0, 0.2),
+    k: Sequence[float] = (0.8, 0.6),
+):
+    r"""Rotary embedding of one 2-D query/key pair. With ``dim = 2`` the only frequency is
+    ``theta = base^0 = 1``: position ``m`` rotates by ``m`` radians.
+
+    RoPE rotates ``q`` by ``m theta`` and ``k`` by ``n theta``, so
+    :math:`(R_m q)^\top (R_n k) = q^\top R_{n-m} k` depends on ``n - m`` only. Draws one static panel
+    per ``(m, n)`` in ``pairs`` (pairs with equal offsets show equal scores), then returns an
+    ``ipywidgets`` interactive with sliders for ``m`` and ``n``.
+    """
+    from .positional import RotaryEmbedding
+
+    if not pairs:
+        raise ValueError("pairs must name at least one (m, n) position pair")
+    q_t, k_t = torch.as_tensor(q, dtype=torch.float32), torch.as_tensor(k, dtype=torch.float32)
+    if q_t.shape != (2,) or k_t.shape != (2,):
+        raise ValueError(f"q and k must be 2-D vectors, got shapes {tuple(q_t.shape)} and {tuple(k_t.shape)}")
+    rope = RotaryEmbedding(2)
+    fig, axes = plt.subplots(1, len(pairs), figsize=(3.4 * len(pairs), 3.4), squeeze=False)
+    for (m, n), ax in zip(pairs, axes[0]):
+        _draw_rotation(rope, q_t, k_t, m, n, ax)
+    plt.show()
+
+    def redraw(m: int = 0, n: int = 1) -> None:
+        fig, ax = plt.subplots(figsize=(3.6, 3.6))
+        _draw_rotation(rope, q_t, k_t, m, n, ax)
+        plt.show()
+
+    return ipywidgets.interactive(redraw, m=(0, 10), n=(0, 10))

@@ -69,3 +69,23 @@ def test_invalid_temperatures_raise(temperatures):
 def test_invalid_scores_raise(scores):
     with pytest.raises(ValueError, match="scores"):
         softmax_temperature_explorer(scores)
+
+
+def test_rope_explorer_scores_depend_on_the_offset_only():
+    from attnbook.widgets import rope_rotation_explorer
+
+    widget = rope_rotation_explorer(pairs=[(0, 1), (2, 3), (0, 3)])
+    assert isinstance(widget, ipywidgets.Widget)
+    titles = [ax.get_title() for ax in plt.figure(1).axes]
+    scores = [float(t.rsplit(" ", 1)[1]) for t in titles]
+    assert scores[0] == pytest.approx(scores[1], abs=1e-3) and abs(scores[0] - scores[2]) > 0.1
+    q, k = torch.tensor([1.0, 0.2]), torch.tensor([0.8, 0.6])
+    rot = torch.tensor([[math.cos(1.0), -math.sin(1.0)], [math.sin(1.0), math.cos(1.0)]])  # R_1, offset n - m = 1
+    assert scores[0] == pytest.approx(float(q @ rot @ k), abs=1e-3)
+
+
+def test_rope_explorer_rejects_bad_vectors():
+    from attnbook.widgets import rope_rotation_explorer
+
+    with pytest.raises(ValueError, match="q and k"):
+        rope_rotation_explorer(q=(1.0, 0.0, 0.0))
