@@ -28,10 +28,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from attnbook.complexity import loglog_slope, measure
+from attnbook.complexity import measure
 from attnbook.core import scaled_dot_product_attention
 from attnbook.linear import linear_attention
 from attnbook.utils import default_device, seed_everything
+from common import slope_text as _slope  # benchmarks/common.py
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 IMPLEMENTATIONS = {
@@ -88,13 +89,6 @@ def crossover(linear: dict, other: dict) -> int | None:
             return n
     return None
 
-
-def _slope(x: list[float], y: list[float]) -> str:
-    """Fitted log-log slope over the points with a positive reading, or ``n/a``."""
-    pairs = [(a, b) for a, b in zip(x, y) if b > 0]
-    if len(pairs) < 2:
-        return "n/a"
-    return f"{loglog_slope(*zip(*pairs)):.2f}"
 
 
 def report(results: dict, args: argparse.Namespace) -> str:
