@@ -433,6 +433,139 @@ def _check_performer_features(student) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# Chapter 6: the KV cache
+# ---------------------------------------------------------------------------------------------
+@register(
+    "ch06-kv-cache-bytes",
+    hint="keys AND values (the factor 2), one entry per layer, KV head, head dimension, position and "
+    "sequence in the batch, times the bytes of one element.",
+)
+def _check_ch06_kv_cache_bytes(student) -> None:
+    from .kvcache import kv_cache_bytes
+
+    for args in [(32, 32, 128, 4096, 1, 2), (80, 8, 128, 4096, 1, 2), (12, 12, 64, 1024, 8, 4), (1, 1, 1, 1, 1, 1),
+                 (4, 2, 32, 0, 3, 2)]:
+        got, expected = student(*args), kv_cache_bytes(*args)
+        assert got == expected, f"kv_cache_bytes{args} should be {expected}, got {got}"
+
+
+@register(
+    "ch06-paged-gather",
+    hint="position p lives in block block_table[p // block_size] at offset p % block_size: index the pool "
+    "with the table (pool[block_table]), put the heads first, flatten blocks and offsets, keep `length` positions.",
+)
+def _check_ch06_paged_gather(student) -> None:
+    from .kvcache import PagedKVCache
+
+    gen = torch.Generator().manual_seed(6)
+    for block, n_blocks, lengths in [(4, 10, [7, 1, 8]), (1, 6, [2, 3]), (16, 3, [0, 16, 17])]:
+        paged = PagedKVCache(n_blocks, block, 2, 3)
+        for i, n in enumerate(lengths):
+            paged.allocate(i)
+        for step in range(max(lengths)):  # interleaved appends scatter each sequence over the pool
+            for i, n in enumerate(lengths):
+                if step < n:
+                    paged.append(i, torch.randn(2, 1, 3, generator=gen), torch.randn(2, 1, 3, generator=gen))
+        for i, n in enumerate(lengths):
+            got = student(paged.k_pool, paged.block_tables[i], n)
+            _assert_close(got, paged.gather(i)[0], f"gather of a sequence of length {n} with block_size={block}")
+
+
+@register(
+    "ch06-merge-splits",
+    hint="with M = the max of lse over the splits, weight each split by exp(lse_s - M), divide by the sum of "
+    "the weights; a split with lse = -inf has weight 0, and if every split is empty return zeros (not NaN).",
+)
+def _check_ch06_merge_splits(student) -> None:
+    gen = torch.Generator().manual_seed(60)
+    for shape, n, d in [((2, 3), 4, 5), ((1,), 1, 2), ((2,), 6, 3)]:
+        scores = 3 * torch.randn(*shape, n * 4, generator=gen, dtype=torch.float64)
+        values = torch.randn(*shape, n * 4, d, generator=gen, dtype=torch.float64)
+        scores[..., :4] = float("-inf")  # the first split is empty
+        if n == 1:
+            scores[..., 0] = 0.0
+        s = scores.view(*shape, n, 4)
+        lse = torch.logsumexp(s, -1)
+        w = torch.where(torch.isinf(lse)[..., None], torch.zeros_like(s), torch.softmax(s, -1))
+        o = (w[..., None] * values.view(*shape, n, 4, d)).sum(-2)
+        expected = (torch.softmax(scores, -1)[..., None] * values).sum(-2)
+        _assert_close(student(o, lse), expected, f"merging {n} splits of shape {tuple(o.shape)}")
+    o, lse = torch.zeros(2, 3, 4, dtype=torch.float64), torch.full((2, 3), float("-inf"), dtype=torch.float64)
+    got = torch.as_tensor(student(o, lse))
+    assert torch.isfinite(got).all() and torch.equal(got, torch.zeros(2, 4, dtype=torch.float64)), (
+        "when every split is empty (lse = -inf everywhere) the merged output must be zeros, not NaN")
+
+
+# ---------------------------------------------------------------------------------------------
+# Chapter 7: FlashAttention
+# ---------------------------------------------------------------------------------------------
+@register(
+    "ch07-merge-states",
+    hint="m = max(m_a, m_b), l = l_a * exp(m_a - m) + l_b * exp(m_b - m); when both maxima are -inf "
+    "(two empty blocks) return m = -inf, l = 0 without computing -inf - (-inf).",
+)
+def _check_merge_states(student) -> None:
+    gen = torch.Generator().manual_seed(0)
+    for n_a, n_b, spread in [(3, 5, 1.0), (1, 1, 10.0), (7, 2, 300.0)]:
+        a = spread * torch.randn(4, n_a, generator=gen, dtype=torch.float64)
+        b = spread * torch.randn(4, n_b, generator=gen, dtype=torch.float64)
+        state = lambda x: (x.amax(-1), torch.exp(x - x.amax(-1, keepdim=True)).sum(-1))  # noqa: E731
+        m, l = student(*state(a), *state(b))
+        both = torch.cat([a, b], dim=-1)
+        _assert_close(m, both.amax(-1), f"merged maximum for blocks of {n_a} and {n_b} scores")
+        _assert_close(m + torch.log(torch.as_tensor(l)), torch.logsumexp(both, -1),
+                      f"merged normalizer (m + log l must be the log-sum-exp) for blocks of {n_a} and {n_b}")
+    inf = torch.tensor([-float("inf")], dtype=torch.float64)
+    m, l = student(inf, torch.zeros(1, dtype=torch.float64), torch.tensor([2.0], dtype=torch.float64),
+                   torch.tensor([3.0], dtype=torch.float64))
+    _assert_close(torch.stack([torch.as_tensor(m), torch.as_tensor(l)]).flatten(), [2.0, 3.0],
+                  "merging an empty block (m = -inf, l = 0) must return the other block unchanged")
+    m, l = student(inf, torch.zeros(1, dtype=torch.float64), inf, torch.zeros(1, dtype=torch.float64))
+    assert torch.as_tensor(l).item() == 0 and not torch.isnan(torch.as_tensor(l)).any(), (
+        "merging two empty blocks must give l = 0, not NaN."
+    )
+
+
+@register(
+    "ch07-causal-key-blocks",
+    hint="with bottom-right alignment query i sees keys j <= i + S - L; the block's last row is "
+    "min((q_block + 1) * block_q, L) - 1. Count the key blocks up to that row's last key (0 if it is "
+    "negative), at most ceil(S / block_k).",
+)
+def _check_causal_key_blocks(student) -> None:
+    from .core import causal_mask
+
+    for L, S, bq, bk in [(8, 8, 2, 2), (7, 13, 3, 4), (13, 5, 4, 2), (1, 9, 16, 4), (5, 5, 8, 8), (40, 10, 16, 16)]:
+        mask = causal_mask(L, S)
+        for qb in range(-(-L // bq)):
+            rows = mask[qb * bq : (qb + 1) * bq]
+            visible = rows.any(dim=0).nonzero()
+            expected = 0 if len(visible) == 0 else int(visible.max()) // bk + 1
+            got = student(qb, bq, bk, L, S)
+            assert got == expected, (
+                f"L={L}, S={S}, block_q={bq}, block_k={bk}: query block {qb} needs {expected} key blocks, you said {got}."
+            )
+
+
+@register(
+    "ch07-attention-backward",
+    hint="P = exp(q k^T * scale - lse[..., None]); dv = P^T dout; dP = dout v^T; delta = rowsum(dout * out); "
+    "dS = P * (dP - delta[..., None]); dq = dS k * scale; dk = dS^T q * scale.",
+)
+def _check_attention_backward(student) -> None:
+    gen = torch.Generator().manual_seed(0)
+    for L, S, E, scale in [(4, 6, 3, 0.5), (1, 1, 2, 1.0), (7, 3, 5, 0.3)]:
+        q, k, v = (torch.randn(2, n, E, generator=gen, dtype=torch.float64, requires_grad=True) for n in (L, S, S))
+        scores = q @ k.transpose(-1, -2) * scale
+        out = torch.softmax(scores, -1) @ v
+        dout = torch.randn_like(out)
+        out.backward(dout)
+        got = student(q.detach(), k.detach(), v.detach(), out.detach(), torch.logsumexp(scores, -1).detach(), dout, scale)
+        for name, g, t in zip(("dq", "dk", "dv"), got, (q, k, v)):
+            _assert_close(g, t.grad, f"{name} for L={L}, S={S}, d={E}", atol=1e-9, rtol=1e-7)
+
+
+# ---------------------------------------------------------------------------------------------
 # Chapter 8: attention in recurrent models
 # ---------------------------------------------------------------------------------------------
 @register(
@@ -551,6 +684,32 @@ def _check_ch09_rollout(student) -> None:
         _assert_close(student(layers), attention_rollout(layers), f"rollout of {L} layers of shape {(B, H, T, T)}")
 
 
+@register(
+    "ch09-spatial-gate",
+    hint="stack the channel mean and the channel maximum (in that order, keepdim=True) into (B, 2, H, W), "
+    "apply F.conv2d(pooled, weight, padding=k // 2) and a sigmoid.",
+)
+def _check_ch09_spatial_gate(student) -> None:
+    """``student(x, weight)`` must equal :meth:`attnbook.vision.SpatialAttention.gate` with that conv weight."""
+    from .vision import SpatialAttention
+
+    gen = torch.Generator().manual_seed(309)
+    cases = [
+        ("one channel (mean = max), k = 1", (1, 1, 4, 4), 1),
+        ("8 channels, a 7 x 5 map, k = 3", (2, 8, 7, 5), 3),
+        ("a 7 x 7 kernel on a 4 x 6 map (larger than the image)", (3, 16, 4, 6), 7),
+    ]
+    for what, shape, k in cases:
+        x = torch.randn(*shape, generator=gen)
+        gate = SpatialAttention(k)
+        with torch.no_grad():
+            gate.conv.weight.copy_(torch.randn(1, 2, k, k, generator=gen))
+            expected = gate.gate(x)
+        actual = student(x.clone(), gate.conv.weight.detach().clone())
+        assert isinstance(actual, torch.Tensor), f"return a torch.Tensor, got {type(actual).__name__}."
+        _assert_close(actual, expected, what)
+
+
 # ---------------------------------------------------------------------------------------------
 # Chapter 10: graph attention
 # ---------------------------------------------------------------------------------------------
@@ -602,6 +761,37 @@ def _check_ch10_edge_softmax(student) -> None:
         _assert_close(actual, edge_softmax(scores, target, 7), what)
 
 
+@register(
+    "ch10-gat-coefficients",
+    hint="z = (x @ weight.T).view(N, heads, out_dim); s_src = (z * att_src).sum(-1) and s_dst likewise, "
+    "both (N, heads); e[h, i, j] = leaky_relu(s_dst[i, h] + s_src[j, h], negative_slope); add the identity to "
+    "adj, fill the non-edges with -inf and softmax over j (the last dim).",
+)
+def _check_ch10_gat_coefficients(student) -> None:
+    """``student(x, adj, weight, att_src, att_dst, negative_slope)`` must equal ``GATLayer.forward_dense``'s weights."""
+    from .graph import GATLayer, to_dense_adjacency
+
+    gen = torch.Generator().manual_seed(1003)
+    cases = [
+        ("one head on a path 0 - 1 - 2 plus an isolated node 3", torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 4, 1, 0.2),
+        ("3 heads on a graph that already has self-loops", torch.tensor([[0, 0, 1, 2, 2, 3], [0, 1, 0, 2, 3, 3]]), 4, 3, 0.2),
+        ("2 heads on a random directed graph, negative_slope = 0.01", _random_edge_index(gen, 7, 15), 7, 2, 0.01),
+    ]
+    for what, edge_index, n, heads, slope in cases:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(heads)
+            layer = GATLayer(5, 4, heads=heads, negative_slope=slope).eval()
+        x = torch.randn(n, 5, generator=gen)
+        adj = to_dense_adjacency(edge_index, n)
+        with torch.no_grad():
+            _, expected = layer.forward_dense(x, adj, return_attention=True)
+        actual = student(x, adj.clone(), layer.lin.weight.detach().clone(), layer.att_src.detach().clone(),
+                         layer.att_dst.detach().clone(), slope)
+        assert isinstance(actual, torch.Tensor), f"return a torch.Tensor, got {type(actual).__name__}."
+        assert not torch.isnan(actual).any(), f"{what}: your weights contain NaN."
+        _assert_close(actual, expected, what)
+
+
 
 # ---------------------------------------------------------------------------------------------
 # Chapter 11: attention's relatives
@@ -649,4 +839,40 @@ def _check_ch11_ssm_matrix(student) -> None:
         x = torch.randn(2, L, D, generator=gen, dtype=torch.float64)
         y = torch.einsum("dts,bsd->btd", T.to(x.dtype), x)
         _assert_close(y, ssm_convolution(x, a, b, c), f"the output of your matrix, D={D}, N={N}, L={L}", atol=1e-8)
+
+
+@register(
+    "ch11-ssm-step",
+    hint="broadcast the input over the state with x_t.unsqueeze(-1): h_new = a * h + b * x_t[..., None] is "
+    "(B, D, N); the output sums c * h_new over the last (state) dimension. Return a new tensor, not h modified.",
+)
+def _check_ch11_ssm_step(student) -> None:
+    """Scanning ``student(x_t, h, a, b, c)`` over a sequence must equal :func:`attnbook.connections.ssm_recurrent`."""
+    from .connections import ssm_recurrent
+
+    gen = torch.Generator().manual_seed(1103)
+    cases = [  # (what, B, D, N, L, a = 0?, non-zero initial state?)
+        ("a = 0 (no memory: y_t = sum_n c b x_t)", 1, 2, 3, 3, True, False),
+        ("B=2, D=3, N=4 from a zero state", 2, 3, 4, 6, False, False),
+        ("B=3, D=2, N=8 from a non-zero state", 3, 2, 8, 5, False, True),
+    ]
+    for what, B, D, N, L, no_memory, warm in cases:
+        a = torch.zeros(D, N, dtype=torch.float64) if no_memory else torch.rand(D, N, generator=gen, dtype=torch.float64)
+        b, c = (torch.randn(D, N, generator=gen, dtype=torch.float64) for _ in range(2))
+        x = torch.randn(B, L, D, generator=gen, dtype=torch.float64)
+        h0 = torch.randn(B, D, N, generator=gen, dtype=torch.float64) if warm else torch.zeros(B, D, N, dtype=torch.float64)
+        y_expected, h_expected = ssm_recurrent(x, a, b, c, state=h0.clone())
+        h, ys = h0.clone(), []
+        for t in range(L):
+            h_before = h.clone()
+            out = student(x[:, t].clone(), h, a, b, c)
+            assert isinstance(out, tuple) and len(out) == 2, f"{what}: return a pair (y_t, h_new), got {type(out).__name__}."
+            assert torch.equal(h, h_before), f"{what}: your step changed the state h in place; return a new tensor."
+            y_t, h = (torch.as_tensor(o) for o in out)
+            assert y_t.shape == (B, D) and h.shape == (B, D, N), (
+                f"{what}: expected y_t {(B, D)} and h_new {(B, D, N)}, got {tuple(y_t.shape)} and {tuple(h.shape)}."
+            )
+            ys.append(y_t)
+        _assert_close(torch.stack(ys, dim=1), y_expected, f"{what}: the outputs y_1..y_{L}", atol=1e-8)
+        _assert_close(h, h_expected, f"{what}: the final state", atol=1e-8)
 
