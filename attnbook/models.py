@@ -13,6 +13,12 @@ scheme is a setting, so Chapter 3 can train the same network with each of
 Attention runs through :func:`attnbook.core.scaled_dot_product_attention` (an additive bias for t5
 and alibi) with the projection layout of :class:`attnbook.core.MultiHeadAttention` (``q_proj``,
 ``k_proj``, ``v_proj``, ``out_proj``; ``n_kv_heads < n_heads`` gives grouped-query attention).
+
+``TinyGPT.generate`` decodes greedily or by sampling, with or without a KV cache
+(:class:`attnbook.kvcache.KVCache`, Chapter 6). With a cache every forward pass feeds only the new
+tokens: their positions start at ``cache.length``, RoPE rotates the new keys before they are stored,
+and the t5/alibi biases are rebuilt for ``(new queries, all keys)`` from positions. On CUDA a one-token
+step without a bias runs the split-KV Triton kernel (:mod:`attnbook.kernels.decode`).
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .core import scaled_dot_product_attention
+from .kvcache import KVCache
 from .positional import LearnedPositionalEmbedding, RotaryEmbedding, T5RelativeBias, alibi_bias, sinusoidal_encoding
 
 __all__ = ["POSITIONAL_SCHEMES", "TransformerConfig", "Attention", "MLP", "Block", "TinyGPT", "TinyEncoder"]
@@ -59,8 +66,9 @@ class TransformerConfig:
 class Attention(nn.Module):
     """Multi-head self-attention with an optional rotary embedding and an optional additive bias."""
 
-    def __init__(self, config: TransformerConfig, causal: bool):
+    def __init__(self, config: TransformerConfig, causal: bool, layer: int = 0):
         super().__init__()
+        self.layer = layer  # which slot of a KV cache this attention writes
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads or config.n_heads
         if self.n_heads % self.n_kv_heads:
@@ -73,14 +81,27 @@ class Attention(nn.Module):
         self.out_proj = nn.Linear(config.d_model, config.d_model)
         self.rotary = RotaryEmbedding(self.head_dim, config.rope_base) if config.positional == "rope" else None
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """``x``: ``(B, T, d_model)``; ``bias``: additive, broadcastable to ``(B, n_heads, T, T)``."""
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        """``x``: ``(B, T, d_model)``; ``bias``: additive, broadcastable to ``(B, n_heads, T, S)``.
+
+        With a ``cache`` holding ``P`` positions, ``x`` holds positions ``P .. P+T-1``, their keys and
+        values are appended to the cache and the queries attend to all ``S = P + T`` cached keys.
+        """
         B, T, _ = x.shape
+        offset = cache.length if cache is not None else 0
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if self.rotary is not None:  # rotate after the projection, in every layer
-            q, k = self.rotary(q), self.rotary(k)
+        if self.rotary is not None:  # rotate after the projection, in every layer; cached keys stay rotated
+            q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
+        if cache is not None:
+            k, v = cache.update(self.layer, k, v)
+            if T == 1 and bias is None and x.is_cuda and not self.training and type(cache) is KVCache:
+                from .kernels.decode import decode_attention  # Triton: only imported on a GPU
+
+                lengths = torch.full((B,), offset + 1, dtype=torch.int32, device=x.device)
+                out = decode_attention(q, k, v, lengths)
+                return self.out_proj(out.transpose(1, 2).reshape(B, T, -1))
         group = self.n_heads // self.n_kv_heads
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -105,13 +126,13 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``."""
 
-    def __init__(self, config: TransformerConfig, causal: bool):
+    def __init__(self, config: TransformerConfig, causal: bool, layer: int = 0):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(config.d_model), nn.LayerNorm(config.d_model)
-        self.attn, self.mlp = Attention(config, causal), MLP(config)
+        self.attn, self.mlp = Attention(config, causal, layer), MLP(config)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), bias)
+    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.attn(self.ln1(x), bias, cache)
         return x + self.mlp(self.ln2(x))
 
 
@@ -129,36 +150,41 @@ class _Transformer(nn.Module):
         elif config.positional == "t5":
             self.rel_bias = T5RelativeBias(config.n_heads, config.t5_num_buckets, config.t5_max_distance,
                                            bidirectional=not self.causal)
-        self.blocks = nn.ModuleList(Block(config, self.causal) for _ in range(config.n_layers))
+        self.blocks = nn.ModuleList(Block(config, self.causal, layer) for layer in range(config.n_layers))
         self.ln_f = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
 
-    def _positions(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Add absolute encodings to ``x`` (B, T, d) and build the additive bias (1, h, T, T), if any."""
+    def _positions(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Add absolute encodings to ``x`` (B, T, d), which holds positions ``start .. start+T-1``, and
+        build the additive bias (1, h, T, start+T), if any (bottom-right aligned: the queries are the
+        last ``T`` positions)."""
         T, scheme = x.shape[1], self.config.positional
         if scheme == "sinusoidal":
-            x = x + sinusoidal_encoding(T, self.config.d_model).to(x)
+            x = x + sinusoidal_encoding(start + T, self.config.d_model)[start:].to(x)
         elif scheme == "learned":
-            x = x + self.pos_emb(T)
+            x = x + self.pos_emb(torch.arange(start, start + T, device=x.device))
         if scheme == "t5":
-            return x, self.rel_bias(T)
+            return x, self.rel_bias(T, start + T)
         if scheme == "alibi":
-            return x, alibi_bias(self.config.n_heads, T, causal=self.causal).to(x)
+            return x, alibi_bias(self.config.n_heads, T, start + T, causal=self.causal).to(x)
         return x, None
 
-    def forward(self, idx: torch.Tensor, attn_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, idx: torch.Tensor, attn_mask: torch.Tensor | None = None,
+                cache: KVCache | None = None) -> torch.Tensor:
         """``idx``: ``(B, T)`` token ids -> logits ``(B, T, vocab_size)``.
 
-        ``attn_mask``: optional bool ``(B, 1, 1, T)`` key-padding mask (True = real token).
+        ``attn_mask``: optional bool ``(B, 1, 1, S)`` key-padding mask (True = real token).
+        ``cache``: a :class:`attnbook.kvcache.KVCache` holding the ``P`` earlier positions (``S = P + T``);
+        it is updated in place.
         """
         if idx.dim() != 2:
             raise ValueError(f"idx must have shape (batch, seq), got {tuple(idx.shape)}")
-        x, bias = self._positions(self.tok_emb(idx))
+        x, bias = self._positions(self.tok_emb(idx), cache.length if cache is not None else 0)
         if attn_mask is not None:
             padding = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill(~attn_mask, float("-inf"))
             bias = padding if bias is None else bias + padding
         for block in self.blocks:
-            x = block(x, bias)
+            x = block(x, bias, cache)
         return self.head(self.ln_f(x))
 
 
@@ -166,6 +192,58 @@ class TinyGPT(_Transformer):
     """A causal (decoder-only) language model: position ``t`` sees tokens ``0..t``."""
 
     causal = True
+
+    @torch.no_grad()
+    def generate(self, idx: torch.Tensor, max_new_tokens: int, use_cache: bool = True, temperature: float = 0.0,
+                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Append ``max_new_tokens`` tokens to ``idx`` ``(B, T0)``; returns ``(B, T0 + max_new_tokens)``.
+
+        ``temperature == 0``: greedy (argmax). Otherwise sample from ``softmax(logits / temperature)``,
+        restricted to the ``top_k`` largest logits when given, with ``generator``.
+
+        ``use_cache=False`` recomputes the whole prefix at every step (``O(t^2)`` attention work per
+        sequence of ``t`` tokens); ``use_cache=True`` runs the prompt once (prefill) and then one token
+        per step against a :class:`attnbook.kvcache.KVCache` (decode). Both give the same tokens.
+        The ``learned`` scheme has no row beyond ``max_len``: without a cache the context is cropped
+        to the last ``max_len`` tokens (nanoGPT's rule), which moves every token to a new position, so
+        each step recomputes everything; with a cache that is impossible and going past ``max_len``
+        raises ``ValueError``.
+        """
+        if idx.dim() != 2 or idx.shape[1] < 1:
+            raise ValueError(f"idx must have shape (batch, seq) with seq >= 1, got {tuple(idx.shape)}")
+        if max_new_tokens < 0 or temperature < 0:
+            raise ValueError(f"max_new_tokens and temperature must be non-negative, got {max_new_tokens}, {temperature}")
+        cfg, total = self.config, idx.shape[1] + max_new_tokens
+        learned = cfg.positional == "learned"
+        if use_cache and learned and total - 1 > cfg.max_len:
+            raise ValueError(f"a cached learned-position model cannot go past max_len={cfg.max_len} positions "
+                             f"(prompt {idx.shape[1]} + {max_new_tokens} new tokens): use use_cache=False, which crops")
+        cache = None
+        if use_cache:
+            head_dim = cfg.d_model // cfg.n_heads
+            cache = KVCache(cfg.n_layers, idx.shape[0], cfg.n_kv_heads or cfg.n_heads, head_dim, max(total - 1, 1),
+                            dtype=self.tok_emb.weight.dtype, device=idx.device)
+        tokens, new = idx, idx
+        for _ in range(max_new_tokens):
+            if use_cache:
+                logits = self(new, cache=cache)[:, -1]
+            else:
+                logits = self(tokens[:, -cfg.max_len:] if learned else tokens)[:, -1]
+            new = _next_token(logits, temperature, top_k, generator)
+            tokens = torch.cat((tokens, new), dim=1)
+        return tokens
+
+
+def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
+                generator: torch.Generator | None) -> torch.Tensor:
+    """``(B, vocab)`` logits -> ``(B, 1)`` token ids: argmax at temperature 0, else a (top-k) sample."""
+    if temperature == 0:
+        return logits.argmax(-1, keepdim=True)
+    logits = logits / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
 
 
 class TinyEncoder(_Transformer):

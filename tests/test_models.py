@@ -117,3 +117,60 @@ def test_gpt_learns_to_copy_the_previous_token():
     x = torch.randint(0, 11, (64, 12), generator=g)
     accuracy = (model(x)[:, 1:].argmax(-1) == x[:, :-1]).float().mean().item()
     assert accuracy > 0.95
+
+
+# --- generation and the KV cache (Chapter 6) ---------------------------------------------------
+@pytest.mark.parametrize("scheme", POSITIONAL_SCHEMES)
+@pytest.mark.parametrize("n_kv_heads", [None, 2, 1])  # multi-head, grouped-query, multi-query
+def test_cached_and_uncached_greedy_generation_give_identical_tokens(scheme, n_kv_heads):
+    torch.manual_seed(0)
+    model = TinyGPT(config(positional=scheme, n_kv_heads=n_kv_heads, max_len=32)).double().eval()
+    with torch.no_grad():  # larger random weights: an untrained model at default scale repeats one token
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    prompt = tokens(B=3, T=5)
+    cached = model.generate(prompt, 20, use_cache=True)
+    assert cached.shape == (3, 25) and torch.equal(cached[:, :5], prompt)
+    assert torch.equal(cached, model.generate(prompt, 20, use_cache=False))
+    assert len(set(cached[:, 5:].flatten().tolist())) > 1  # not a degenerate constant output
+
+
+@pytest.mark.parametrize("scheme", POSITIONAL_SCHEMES)
+def test_cached_logits_equal_full_forward_logits(scheme):
+    """Prefill 6 tokens, then feed 3 + 1 + 2 more through the cache: every logit equals the full pass's."""
+    from attnbook.kvcache import KVCache
+
+    torch.manual_seed(0)
+    model = TinyGPT(config(positional=scheme, n_kv_heads=2)).eval()
+    x = tokens(T=12)
+    cache = KVCache(2, 2, 2, 4, max_len=12)
+    pieces = [model(x[:, a:b], cache=cache) for a, b in [(0, 6), (6, 9), (9, 10), (10, 12)]]
+    torch.testing.assert_close(torch.cat(pieces, 1), model(x), atol=1e-5, rtol=1e-5)
+    assert cache.length == 12
+
+
+def test_learned_positions_cannot_be_cached_past_max_len_but_uncached_generation_crops():
+    torch.manual_seed(0)
+    model = TinyGPT(config(positional="learned", max_len=24)).eval()
+    prompt = tokens(T=5)
+    with pytest.raises(ValueError, match="max_len=24"):
+        model.generate(prompt, 21, use_cache=True)  # would feed position 24
+    assert model.generate(prompt, 20, use_cache=True).shape == (2, 25)  # positions 0..23 only: fine
+    out = model.generate(prompt, 30, use_cache=False)  # crops the context to the last 24 tokens
+    assert out.shape == (2, 35) and torch.equal(out[:, :25], model.generate(prompt, 20, use_cache=True))
+
+
+def test_sampling_is_reproducible_and_top_k_restricts_the_choice():
+    torch.manual_seed(0)
+    model = TinyGPT(config()).eval()
+    prompt = tokens(T=3)
+
+    def sample(seed, **kw):
+        return model.generate(prompt, 15, temperature=1.0, generator=torch.Generator().manual_seed(seed), **kw)
+
+    assert torch.equal(sample(1), sample(1)) and not torch.equal(sample(1), sample(2))
+    assert torch.equal(sample(3, use_cache=False), sample(3))  # same logits, same random draws
+    assert torch.equal(sample(4, top_k=1), model.generate(prompt, 15))  # top-1 sampling is greedy
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(prompt, 2, temperature=-1.0)

@@ -1,0 +1,85 @@
+"""The split-KV Triton decode kernel under Triton's CPU interpreter, against SDPA over each valid prefix.
+
+No GPU here: TRITON_INTERPRET=1 runs the kernel program by program on CPU tensors (slow, so the
+shapes are small and ragged). It must be set before triton is imported.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from attnbook.kernels.decode import BLOCK_N, decode_attention, default_num_splits  # noqa: E402
+from attnbook.kvcache import split_kv_attention  # noqa: E402
+
+
+def make(B, H, H_kv, S, d, dtype, seed):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, h, n, d, generator=g).to(dtype) for h, n in ((H, 1), (H_kv, S), (H_kv, S)))
+    return q, k, v
+
+
+def reference(q, k, v, seqlens):
+    """fp32 SDPA over each sequence's valid prefix (zeros for an empty one)."""
+    group = q.shape[1] // k.shape[1]
+    outs = []
+    for b, n in enumerate(seqlens.tolist()):
+        kb, vb = (t[b:b + 1, :, :n].repeat_interleave(group, 1).float() for t in (k, v))
+        outs.append(F.scaled_dot_product_attention(q[b:b + 1].float(), kb, vb) if n else torch.zeros_like(q[b:b + 1]).float())
+    return torch.cat(outs)
+
+
+CASES = [  # (B, H, H_kv, S, d, seqlens, num_splits): lengths 1, 17, 100, 130 are not multiples of BLOCK_N
+    (3, 2, 2, 130, 32, [1, 17, 130], None),
+    (2, 4, 2, 100, 24, [100, 33], 3),  # GQA, head_dim not a power of two
+    (4, 4, 1, 70, 16, [70, 0, 32, 5], 5),  # MQA, an empty cache, splits beyond the valid length
+    (1, 2, 2, 64, 64, [64], 1),  # one split: plain FlashAttention-style decoding
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("B, H, H_kv, S, d, seqlens, num_splits", CASES)
+def test_decode_kernel_equals_sdpa_over_each_valid_prefix(B, H, H_kv, S, d, seqlens, num_splits, dtype):
+    q, k, v = make(B, H, H_kv, S, d, dtype, seed=S + d)
+    seqlens = torch.tensor(seqlens)
+    out = decode_attention(q, k, v, seqlens, num_splits)
+    assert out.shape == q.shape and out.dtype == dtype
+    expected = reference(q, k, v, seqlens)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    else:  # FlashAttention-2's rule: no worse than twice the error of a PyTorch computation in fp16
+        torch_fp16 = split_kv_attention(q, k, v, seqlens, num_splits or 4).float()
+        bound = 2 * (torch_fp16 - expected).abs().max() + 1e-3
+        assert (out.float() - expected).abs().max() <= bound
+
+
+def test_kernel_equals_the_pytorch_split_reference_and_does_not_depend_on_num_splits():
+    q, k, v = make(2, 2, 1, 90, 16, torch.float32, seed=1)
+    seqlens = torch.tensor([90, 41])
+    outs = [decode_attention(q, k, v, seqlens, n) for n in (1, 2, 3)]
+    for n, out in zip((1, 2, 3), outs):
+        torch.testing.assert_close(out, split_kv_attention(q, k, v, seqlens, n), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(out, outs[0], atol=1e-6, rtol=1e-5)
+
+
+def test_kernel_reads_a_strided_cache_view_and_validates_arguments():
+    """A view into a larger preallocated cache buffer (what KVCache hands out) needs no copy."""
+    q, k, v = make(2, 2, 2, 40, 16, torch.float32, seed=2)
+    big_k, big_v = torch.zeros(2, 2, 96, 16), torch.zeros(2, 2, 96, 16)
+    big_k[:, :, :40], big_v[:, :, :40] = k, v
+    seqlens = torch.tensor([40, 23])
+    torch.testing.assert_close(decode_attention(q, big_k[:, :, :40], big_v[:, :, :40], seqlens, 2),
+                               reference(q, k, v, seqlens), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="cache_seqlens"):
+        decode_attention(q, k, v, torch.tensor([41, 1]))
+    with pytest.raises(ValueError, match="kv_heads"):
+        decode_attention(q, k[:, :1].expand(2, 3, 40, 16), v[:, :1].expand(2, 3, 40, 16), seqlens)
+
+
+def test_default_num_splits_fills_the_machine_but_keeps_whole_tiles():
+    assert default_num_splits(batch_heads=1, max_len=65536) == 128
+    assert default_num_splits(batch_heads=256, max_len=65536) == 1  # a big batch already fills the GPU
+    assert default_num_splits(batch_heads=1, max_len=3 * BLOCK_N) == 3
