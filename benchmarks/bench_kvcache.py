@@ -48,7 +48,7 @@ def bench_generate(device: str, max_new: int, repeat: int) -> None:
               f"{t_full / t_cache:>7.1f} {bool(torch.equal(full, cached))}")
 
 
-def bench_decode_kernel(repeat: int) -> None:
+def bench_kvcache_kernel(repeat: int) -> None:
     from attnbook.kernels.decode import decode_attention, default_num_splits
 
     print("\none decode step, fp16, batch 1, 32 heads, 8 KV heads, head_dim 128 (times in microseconds)")
@@ -79,7 +79,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     bench_generate(args.device, args.max_new, args.repeat)
     if args.device == "cuda":
-        bench_decode_kernel(max(args.repeat, 20))
+        bench_kvcache_kernel(max(args.repeat, 20))
 
 
 if __name__ == "__main__":
