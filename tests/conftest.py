@@ -3,6 +3,11 @@
 Hypothesis runs ``max_examples=30`` per property with no deadline (the first call into torch can be
 slow), derandomized so a run on CI is the run on a laptop. Set ``HYPOTHESIS_PROFILE=thorough`` for a
 longer local search.
+
+Without a GPU the Triton kernels run in Triton's CPU interpreter. ``TRITON_INTERPRET`` is read when a
+``@triton.jit`` function is defined, so it is set here, before any test module of any xdist worker can
+import a kernel; set in a kernel test module instead, it came too late whenever another test file in
+the same worker had imported the kernels first.
 """
 
 from __future__ import annotations
@@ -12,6 +17,9 @@ import os
 import pytest
 import torch
 from hypothesis import HealthCheck, settings
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 settings.register_profile(
     "attnbook",
