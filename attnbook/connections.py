@@ -59,7 +59,30 @@ def _check_seq(name: str, x: torch.Tensor, dim: int | None = None) -> None:
 # ---------------------------------------------------------------------------------------------
 # Who makes the weights: synthesizers and the hypernetwork view
 # ---------------------------------------------------------------------------------------------
-class DenseSynthesizer(nn.Module):
+class _Synthesizer(nn.Module):
+    """What both Synthesizers share: weights from :meth:`scores` (not from queries and keys), then
+    ``out = softmax(scores) X W_v``. ``x``: ``(B, n, d_model)`` with ``n <= max_len``."""
+
+    def __init__(self, d_model: int, max_len: int):
+        super().__init__()
+        self.d_model, self.max_len = d_model, max_len
+        self.value = nn.Linear(d_model, d_model)
+
+    def scores(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, return_weights: bool = False):
+        """``attn_mask``: bool, broadcastable to the scores (True = may attend), e.g. a causal mask."""
+        _check_seq("x", x, self.d_model)
+        n = x.shape[1]
+        if n > self.max_len:
+            raise ValueError(f"x has {n} positions but the synthesizer was built for max_len={self.max_len}")
+        weights = masked_softmax(self.scores(x, n), attn_mask).expand(x.shape[0], n, n)
+        out = weights @ self.value(x)
+        return (out, weights) if return_weights else out
+
+
+class DenseSynthesizer(_Synthesizer):
     r"""Dense Synthesizer: each token predicts its own row of attention weights, no query-key product.
 
     .. math:: A = \operatorname{softmax}\big(\mathrm{ReLU}(X W_1 + b_1) W_2 + b_2\big)_{[:, :n]}, \qquad \mathrm{out} = A\, X W_v
@@ -70,24 +93,15 @@ class DenseSynthesizer(nn.Module):
     """
 
     def __init__(self, d_model: int, max_len: int, hidden: int | None = None):
-        super().__init__()
-        self.d_model, self.max_len = d_model, max_len
+        super().__init__(d_model, max_len)
         self.w1 = nn.Linear(d_model, hidden or d_model)
         self.w2 = nn.Linear(hidden or d_model, max_len)
-        self.value = nn.Linear(d_model, d_model)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, return_weights: bool = False):
-        """``attn_mask``: bool, broadcastable to ``(B, n, n)`` (True = may attend), e.g. a causal mask."""
-        _check_seq("x", x, self.d_model)
-        n = x.shape[1]
-        if n > self.max_len:
-            raise ValueError(f"x has {n} positions but the synthesizer was built for max_len={self.max_len}")
-        weights = masked_softmax(self.w2(F.relu(self.w1(x)))[..., :n], attn_mask)  # (B, n, n)
-        out = weights @ self.value(x)
-        return (out, weights) if return_weights else out
+    def scores(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return self.w2(F.relu(self.w1(x)))[..., :n]  # (B, n, n)
 
 
-class RandomSynthesizer(nn.Module):
+class RandomSynthesizer(_Synthesizer):
     r"""Random Synthesizer: the weights do not depend on the input at all, :math:`A = \operatorname{softmax}(R)`.
 
     ``R`` is a ``(max_len, max_len)`` matrix, initialized from ``N(0, 1)`` with ``generator`` and
@@ -97,19 +111,11 @@ class RandomSynthesizer(nn.Module):
     """
 
     def __init__(self, d_model: int, max_len: int, trainable: bool = True, generator: torch.Generator | None = None):
-        super().__init__()
-        self.d_model, self.max_len = d_model, max_len
+        super().__init__(d_model, max_len)
         self.logits = nn.Parameter(torch.randn(max_len, max_len, generator=generator), requires_grad=trainable)
-        self.value = nn.Linear(d_model, d_model)
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, return_weights: bool = False):
-        _check_seq("x", x, self.d_model)
-        n = x.shape[1]
-        if n > self.max_len:
-            raise ValueError(f"x has {n} positions but the synthesizer was built for max_len={self.max_len}")
-        weights = masked_softmax(self.logits[:n, :n], attn_mask).expand(x.shape[0], n, n)
-        out = weights @ self.value(x)
-        return (out, weights) if return_weights else out
+    def scores(self, x: torch.Tensor, n: int) -> torch.Tensor:
+        return self.logits[:n, :n]  # (n, n): the same for every input
 
 
 def attention_as_linear_map(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -27,7 +27,7 @@ from tqdm.auto import tqdm
 from attnbook.complexity import measure
 from attnbook.core import scaled_dot_product_attention
 from attnbook.utils import default_device, seed_everything
-from common import slope_text as _slope  # benchmarks/common.py
+from common import record, slope_text as _slope  # benchmarks/common.py
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 IMPLEMENTATIONS = {"attnbook": scaled_dot_product_attention, "torch": F.scaled_dot_product_attention}
@@ -59,10 +59,7 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
     for n in tqdm(lengths, desc="sequence lengths"):
         q, k, v = (torch.randn(1, args.heads, n, head_dim, generator=generator).to(device, dtype) for _ in range(3))
         for name, fn in IMPLEMENTATIONS.items():
-            m = measure(fn, q, k, v, repeat=args.repeat)
-            results[name]["n"].append(n)
-            results[name]["time_s"].append(min(m["times_s"]))  # best of: robust to other load on the machine
-            results[name]["peak_bytes"].append(m["peak_bytes"] or 0)
+            record(results[name], n, measure(fn, q, k, v, repeat=args.repeat))
         del q, k, v
     return results
 

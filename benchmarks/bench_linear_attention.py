@@ -32,7 +32,7 @@ from attnbook.complexity import measure
 from attnbook.core import scaled_dot_product_attention
 from attnbook.linear import linear_attention
 from attnbook.utils import default_device, seed_everything
-from common import slope_text as _slope  # benchmarks/common.py
+from common import record, slope_text as _slope  # benchmarks/common.py
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 IMPLEMENTATIONS = {
@@ -72,10 +72,7 @@ def run(args: argparse.Namespace) -> dict[str, dict[str, list[float]]]:
         for name, fn in IMPLEMENTATIONS.items():
             if name == "attnbook sdpa" and n > 2**args.max_log2_n_dense:
                 continue
-            m = measure(fn, q, k, v, repeat=args.repeat)
-            results[name]["n"].append(n)
-            results[name]["time_s"].append(min(m["times_s"]))  # best of: robust to other load on the machine
-            results[name]["peak_bytes"].append(m["peak_bytes"] or 0)
+            record(results[name], n, measure(fn, q, k, v, repeat=args.repeat))
         del q, k, v
     return results
 

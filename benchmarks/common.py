@@ -11,3 +11,13 @@ def slope_text(x: list[float], y: list[float]) -> str:
     if len(pairs) < 2:
         return "n/a"
     return f"{loglog_slope(*zip(*pairs)):.2f}"
+
+
+def record(series: dict, n: int, measurement: dict) -> None:
+    """Append one ``attnbook.complexity.measure`` result to ``series = {"n", "time_s", "peak_bytes"}``.
+
+    Time is the best of the runs: robust to other load on the machine. Memory 0 means unreadable.
+    """
+    series["n"].append(n)
+    series["time_s"].append(measurement["min_s"])
+    series["peak_bytes"].append(measurement["peak_bytes"] or 0)
