@@ -14,7 +14,7 @@ TORCH_INDEX   ?=
 export OMP_NUM_THREADS ?= 1
 JOBS   ?= 2
 
-.PHONY: help install book test test-fast student clean
+.PHONY: help install book test test-fast student clean release
 
 help:
 	@echo "make book   build the website into _build/html (creates $(VENV), executes every chapter)"
@@ -48,3 +48,9 @@ student: $(STAMP)
 
 clean:
 	rm -rf _build student
+
+# Maintainers: set the version in attnbook, pin every notebook's install cell to its tag (the
+# CHANGELOG needs a "## [VERSION]" section first), then commit, tag and push as it prints.
+release: $(STAMP)
+	@test -n "$(VERSION)" || (echo "usage: make release VERSION=X.Y.Z" && exit 2)
+	$(BIN)/python tools/release.py $(VERSION)

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+import attnbook
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
@@ -33,7 +35,7 @@ def _toc_files(entries) -> list[str]:
 
 def test_top_level_layout():
     for name in ["README.md", "environment.yml", "pyproject.toml", "Makefile", "_config.yml", "_toc.yml",
-                 "references.bib", "intro.md", "book", "attnbook", "tests", "benchmarks", ".ci/run"]:
+                 "references.bib", "intro.md", "CHANGELOG.md", "book", "attnbook", "tests", "benchmarks", "tools/release.py", ".ci/run"]:
         assert (ROOT / name).exists(), f"{name} is missing from the top level"
 
 
@@ -56,12 +58,14 @@ def test_notebook_starts_with_the_install_cell(nb_path):
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     first = "".join(code[0]["source"])
     url = CONFIG["repository"]["url"]
-    branch = CONFIG["repository"]["branch"]
     assert "import attnbook" in first and "except ImportError" in first, "first code cell must be the install cell"
     pinned = re.search(r"git\+(\S+?)@([\w.\-]+)\"", first)
     assert pinned, "the install cell must pip-install attnbook from the repository (git+URL@ref)"
     assert pinned.group(1) == url, f"install URL {pinned.group(1)} differs from _config.yml's {url}"
-    assert pinned.group(2) == branch, f"install cell must install from _config.yml's branch {branch}"
+    release = f"v{attnbook.__version__}"
+    assert pinned.group(2) == release, (
+        f"the install cell installs @{pinned.group(2)}; pin it to the release tag {release} (make release VERSION=...)"
+    )
     setup = "".join(code[1]["source"])
     assert "seed_everything" in setup and "default_device" in setup, "second code cell: imports, seed, device"
 
@@ -160,10 +164,55 @@ def test_every_cited_key_exists_in_references_bib():
                 assert key.strip() in bib_keys, f"{path.name} cites unknown key {key!r}"
 
 
-def test_version_is_exposed():
-    import attnbook
-
+def test_version_is_exposed_and_in_the_changelog():
     assert re.fullmatch(r"\d+\.\d+\.\d+", attnbook.__version__)
+    changelog = (ROOT / "CHANGELOG.md").read_text()
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - (\d{4}-\d{2}-\d{2})$", changelog, flags=re.M)
+    assert releases, "CHANGELOG.md has no '## [X.Y.Z] - YYYY-MM-DD' release section"
+    assert releases[0][0] == attnbook.__version__, (
+        f"the newest CHANGELOG release is {releases[0][0]}, attnbook.__version__ is {attnbook.__version__}"
+    )
+    assert "## [Unreleased]" in changelog.split(f"## [{releases[0][0]}]")[0], "keep an [Unreleased] section on top"
+
+
+def _release_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("release", ROOT / "tools" / "release.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _copy_for_release(tmp_path):
+    import shutil
+
+    shutil.copytree(ROOT / "book", tmp_path / "book", ignore=shutil.ignore_patterns("*.md"))
+    (tmp_path / "attnbook").mkdir()
+    shutil.copy(ROOT / "attnbook" / "__init__.py", tmp_path / "attnbook" / "__init__.py")
+    shutil.copy(ROOT / "CHANGELOG.md", tmp_path / "CHANGELOG.md")
+    return tmp_path
+
+
+def test_release_script_pins_every_install_cell_and_the_version(tmp_path):
+    release = _release_module()
+    root = _copy_for_release(tmp_path)
+    with pytest.raises(ValueError, match="CHANGELOG.md has no '## \\[9.8.7\\]' section"):
+        release.release("9.8.7", root)
+    with pytest.raises(ValueError, match="version must look like 1.2.3"):
+        release.release("v9.8", root)
+    changelog = root / "CHANGELOG.md"
+    changelog.write_text(changelog.read_text().replace("## [Unreleased]", "## [Unreleased]\n\n## [9.8.7] - 2030-01-01"))
+    changed = release.release("9.8.7", root)
+    assert len(changed) == len(NOTEBOOKS) + 1
+    assert '__version__ = "9.8.7"' in (root / "attnbook" / "__init__.py").read_text()
+    for path in sorted((root / "book").glob("*.ipynb")):
+        nb = json.loads(path.read_text())
+        first = "".join(next(c for c in nb["cells"] if c["cell_type"] == "code")["source"])
+        assert '@v9.8.7"' in first and "@v" + attnbook.__version__ + '"' not in first, path.name
+        original = json.loads((ROOT / "book" / path.name).read_text())
+        assert [c["source"] for c in nb["cells"][2:]] == [c["source"] for c in original["cells"][2:]], path.name
+    assert release.release("9.8.7", root) == [], "a second run changes nothing"
 
 
 def test_tracked_files_exclude_build_outputs():
