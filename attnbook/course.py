@@ -13,14 +13,15 @@ markers, followed by a check cell::
 Two commands turn the book into a course::
 
     python -m attnbook.course student OUTDIR [--book book]
-    python -m attnbook.course grade SUBMISSIONS... --out grades.csv [--timeout 120]
+    python -m attnbook.course grade SUBMISSIONS... --out grades.csv [--timeout 120] [--feedback DIR] [--book book]
 
 ``student`` replaces every marked block by ``raise NotImplementedError(...)`` (so the check reports
 "not attempted" until the student writes code), un-hides the stub, clears outputs and removes the
 written ``{solution}`` directives. ``grade`` executes each submitted notebook in a fresh kernel with
 ``ATTNBOOK_GRADE_LOG`` pointing at a temporary file; every ``check`` appends a JSON line there
 (see :mod:`attnbook.exercises`), and the grader turns those lines into one CSV row per student,
-notebook and check. Grading runs the submitted code: run it in a sandbox you trust with that.
+notebook and check, and one Markdown feedback file per student. Grading runs the submitted
+code: run it in a sandbox you trust with that.
 
 nbformat and nbclient come with the ``course`` extra: ``pip install "attnbook[course]"``.
 """
@@ -38,7 +39,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["strip_solutions", "make_student_bundle", "grade_notebook", "grade", "expected_labels", "main"]
+__all__ = ["strip_solutions", "make_student_bundle", "grade_notebook", "grade", "write_feedback", "expected_labels",
+           "main"]
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -233,15 +235,16 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
-def grade_notebook(path, timeout: float = 120) -> list[dict]:
+def grade_notebook(path, timeout: float = 120, expected: list[str] | None = None) -> list[dict]:
     """Execute the notebook at ``path`` in a fresh ``python3`` kernel and return its check results.
 
     Cells run in the notebook's folder with ``allow_errors=True`` (a failing cell does not stop the
     checks after it) and a per-cell ``timeout`` in seconds. Returns one dict
     ``{"notebook", "label", "passed" (0/1), "message"}`` per check label: the last verdict it
-    reported, or ``"check did not run"`` for a label the notebook's source calls but that never
-    reported. A notebook that cannot be read, crashes its kernel or times out adds a row with label
-    ``"*"`` and the error; it never raises.
+    reported, or ``"check did not run"`` for a label that never reported. The labels expected are
+    those the notebook's source calls plus ``expected`` (the book's own labels for this chapter, so a
+    deleted check cell still counts as a failed check). A notebook that cannot be read, crashes its
+    kernel or times out adds a row with label ``"*"`` and the error; it never raises.
     """
     nbformat = _require("nbformat")
     nbclient = _require("nbclient")
@@ -250,7 +253,8 @@ def grade_notebook(path, timeout: float = 120) -> list[dict]:
     try:
         nb = nbformat.read(path, as_version=4)
     except Exception as err:
-        return [{"notebook": path.name, "label": "*", "passed": 0, "message": f"could not read: {_first_line(err)}"}]
+        unread = [{"notebook": path.name, "label": label, "passed": 0, "message": NOT_RUN} for label in expected or []]
+        return unread + [{"notebook": path.name, "label": "*", "passed": 0, "message": f"could not read: {_first_line(err)}"}]
     error = None
     with tempfile.TemporaryDirectory(prefix="attnbook-grade-") as tmp:
         log_path = Path(tmp) / "checks.jsonl"
@@ -272,8 +276,11 @@ def grade_notebook(path, timeout: float = 120) -> list[dict]:
                                          "message": report["message"]}
             except (ValueError, KeyError, TypeError):  # the submitted code wrote into the log
                 error = error or f"unreadable grade log line: {line[:80]!r}"
-    for label in expected_labels(nb):
+    present = expected_labels(nb)
+    for label in present:
         rows.setdefault(label, {"label": label, "passed": 0, "message": NOT_RUN})
+    for label in expected or []:
+        rows.setdefault(label, {"label": label, "passed": 0, "message": f"{NOT_RUN} (its check cell is missing)"})
     results = [{"notebook": path.name, **row} for row in rows.values()]
     if error:
         results.append({"notebook": path.name, "label": "*", "passed": 0, "message": error})
@@ -305,16 +312,29 @@ def _submissions(paths) -> list[tuple[str, Path, str]]:
     return found
 
 
-def grade(paths, out_csv="grades.csv", timeout: float = 120) -> list[dict]:
-    """Grade every submitted notebook under ``paths`` and write the rows to ``out_csv``.
+def _book_labels(book_dir, notebook: str) -> list[str] | None:
+    """The check labels of the book's own copy of ``notebook`` (matched by file name), if there is one."""
+    if book_dir is None:
+        return None
+    original = Path(book_dir) / Path(notebook).name
+    if not original.is_file():
+        return None
+    return expected_labels(_require("nbformat").read(original, as_version=4))
 
-    ``paths`` are notebook files or directories (see the student naming rule in
-    :func:`_submissions`). Each row is ``{"student", "notebook", "label", "passed", "message"}`` as in
-    :func:`grade_notebook`. A crash or a time-out in one submission is a row, never an abort.
+
+def grade(paths, out_csv="grades.csv", timeout: float = 120, feedback_dir=None, book_dir=None) -> list[dict]:
+    """Grade every submitted notebook under ``paths``; write a CSV and one feedback file per student.
+
+    ``paths`` are notebook files or directories (see the student naming rule in ``_submissions``).
+    Each row is ``{"student", "notebook", "label", "passed", "message"}`` as in
+    :func:`grade_notebook`. A crash or a time-out in one submission is a row, never an abort. The
+    CSV goes to ``out_csv``; the feedback files (see :func:`write_feedback`) to ``feedback_dir``,
+    by default a ``feedback`` folder beside the CSV. With ``book_dir`` (the chapters' folder), a
+    submission is also expected to report every check of the book's notebook of the same name.
     """
     rows = []
     for student, path, notebook in _submissions(paths):
-        for row in grade_notebook(path, timeout=timeout):
+        for row in grade_notebook(path, timeout=timeout, expected=_book_labels(book_dir, notebook)):
             rows.append({"student": student, **row, "notebook": notebook})
     out_csv = Path(out_csv)
     out_csv.parent.mkdir(parents=True, exist_ok=True)
@@ -322,7 +342,48 @@ def grade(paths, out_csv="grades.csv", timeout: float = 120) -> list[dict]:
         writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
         writer.writeheader()
         writer.writerows(rows)
+    write_feedback(rows, out_csv.parent / "feedback" if feedback_dir is None else feedback_dir)
     return rows
+
+
+def _feedback_name(student: str) -> str:
+    """A safe file name for ``student``'s feedback: letters, digits, ``.``, ``_`` and ``-`` only."""
+    return (re.sub(r"[^\w.-]+", "_", student).strip("._") or "student") + ".md"
+
+
+def write_feedback(rows: list[dict], feedback_dir) -> list[Path]:
+    """Write ``feedback_dir/<student>.md`` for every student in ``rows`` (the rows :func:`grade` returns).
+
+    Each file says, per notebook, how many checks passed and, for every check, PASSED or FAILED
+    with the check's message and hint, exactly as the student saw it when running the notebook; a
+    notebook that crashed, timed out or could not be read says so first. Returns the paths written.
+    """
+    from . import __version__
+
+    feedback_dir = Path(feedback_dir)
+    feedback_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for student in dict.fromkeys(row["student"] for row in rows):
+        mine = [row for row in rows if row["student"] == student]
+        checks = [row for row in mine if row["label"] != "*"]
+        lines = [f"# Feedback for {student}", "",
+                 f"{sum(int(r['passed']) for r in checks)} of {len(checks)} checks passed "
+                 f"(graded with attnbook {__version__}: every notebook re-run from the top in a fresh kernel).", ""]
+        for notebook in dict.fromkeys(row["notebook"] for row in mine):
+            rows_nb = [row for row in mine if row["notebook"] == notebook]
+            checks_nb = [row for row in rows_nb if row["label"] != "*"]
+            lines += [f"## {notebook}: {sum(int(r['passed']) for r in checks_nb)}/{len(checks_nb)} checks passed", ""]
+            lines += [f"- **The notebook did not run to the end**: {row['message']}. Checks after that point "
+                      "could not run; run it top to bottom yourself (Restart & Run All) to see where it stops."
+                      for row in rows_nb if row["label"] == "*"]
+            for row in checks_nb:
+                verdict = "PASSED" if int(row["passed"]) else "FAILED"
+                lines.append(f"- `[{verdict}] {row['label']}`: {row['message']}")
+            lines.append("")
+        path = feedback_dir / _feedback_name(student)
+        path.write_text("\n".join(lines))
+        written.append(path)
+    return written
 
 
 def _summary(rows: list[dict]) -> str:
@@ -351,6 +412,11 @@ def main(argv=None) -> int:
     grader.add_argument("submissions", nargs="+", help="notebooks, or folders searched for *.ipynb")
     grader.add_argument("--out", default="grades.csv", help="CSV file to write (default: grades.csv)")
     grader.add_argument("--timeout", type=float, default=120, help="seconds per cell (default: 120)")
+    grader.add_argument("--feedback", default=None,
+                        help="folder for one feedback file per student (default: feedback/ beside the CSV)")
+    grader.add_argument("--book", default="book",
+                        help="the chapters' folder: a submission must report every check of the chapter "
+                             "with its name (default: book, skipped when it does not exist)")
     args = parser.parse_args(argv)
 
     try:
@@ -358,12 +424,14 @@ def main(argv=None) -> int:
             written = make_student_bundle(args.book, args.outdir)
             print(f"Wrote {len(written) - 1} student notebooks and README.md to {args.outdir}")
         else:
-            rows = grade(args.submissions, args.out, timeout=args.timeout)
+            book = args.book if Path(args.book).is_dir() else None
+            feedback = Path(args.out).parent / "feedback" if args.feedback is None else Path(args.feedback)
+            rows = grade(args.submissions, args.out, timeout=args.timeout, feedback_dir=feedback, book_dir=book)
             checks = [row for row in rows if row["label"] != "*"]
             print(f"Graded {len({(r['student'], r['notebook']) for r in rows})} notebooks: "
                   f"{sum(r['passed'] for r in checks)}/{len(checks)} checks passed")
             print(_summary(rows))
-            print(f"Wrote {args.out}")
+            print(f"Wrote {args.out} and one feedback file per student in {feedback}/")
     except (ValueError, FileNotFoundError) as err:
         parser.exit(1, f"error: {err}\n")
     return 0

@@ -298,12 +298,19 @@ def graded(tmp_path_factory):
     # carol (a file directly in the folder): the first check runs, then a cell sleeps past the timeout
     nbformat.write(student_version(c3=CORRECT_DOUBLE, c6=CORRECT_CLIP, between=["import time\ntime.sleep(120)"]),
                    subs / "carol.ipynb")
+    # dave: deleted the second check cell; the book's copy of ch.ipynb says it must report test-clip
+    dave = student_version(c3=CORRECT_DOUBLE, c5=CORRECT_CLIP)
+    dave.cells = [cell for cell in dave.cells if cell.source != CHECK_CLIP]
+    (subs / "dave").mkdir()
+    nbformat.write(dave, subs / "dave" / "ch.ipynb")
+    (root / "book").mkdir()
+    nbformat.write(chapter(), root / "book" / "ch.ipynb")
     out = root / "grades.csv"
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        assert course.main(["grade", str(subs), "--out", str(out), "--timeout", "8"]) == 0
+        assert course.main(["grade", str(subs), "--out", str(out), "--timeout", "8", "--book", str(root / "book")]) == 0
     with out.open(newline="") as f:
-        return list(csv.DictReader(f)), printed.getvalue()
+        return list(csv.DictReader(f)), printed.getvalue(), root / "feedback"
 
 
 def by_key(rows):
@@ -311,14 +318,14 @@ def by_key(rows):
 
 
 def test_grade_csv_has_one_row_per_student_notebook_and_check(graded):
-    rows, _ = graded
+    rows = graded[0]
     assert list(rows[0]) == course.CSV_FIELDS
     keys = [(r["student"], r["notebook"], r["label"]) for r in rows]
     assert sorted(keys) == sorted([
         ("alice", "ch.ipynb", "test-double"), ("alice", "ch.ipynb", "test-clip"),
         ("bob", "work/ch.ipynb", "test-double"), ("bob", "work/ch.ipynb", "test-clip"),
         ("carol", "carol.ipynb", "test-double"), ("carol", "carol.ipynb", "test-clip"),
-        ("carol", "carol.ipynb", "*"),
+        ("carol", "carol.ipynb", "*"), ("dave", "ch.ipynb", "test-double"), ("dave", "ch.ipynb", "test-clip"),
     ])
 
 
@@ -341,9 +348,39 @@ def test_grade_records_a_timeout_without_losing_earlier_checks(graded):
 
 def test_grade_prints_a_summary(graded):
     printed = graded[1]
-    assert "Graded 3 notebooks: 4/6 checks passed" in printed
+    assert "Graded 4 notebooks: 5/8 checks passed" in printed
     assert "alice: 2/2 checks passed" in printed and "bob: 1/2 checks passed" in printed
     assert "carol: 1/2 checks passed; did not finish: carol.ipynb" in printed
+
+
+def test_grade_expects_every_check_of_the_books_chapter(graded):
+    rows = by_key(graded[0])
+    assert rows["dave", "ch.ipynb", "test-double"] == ("1", "passed")
+    assert rows["dave", "ch.ipynb", "test-clip"] == ("0", f"{course.NOT_RUN} (its check cell is missing)")
+
+
+def test_grade_writes_one_feedback_file_per_student(graded):
+    feedback = graded[2]
+    assert sorted(p.name for p in feedback.iterdir()) == ["alice.md", "bob.md", "carol.md", "dave.md"]
+    alice = (feedback / "alice.md").read_text()
+    assert alice.startswith("# Feedback for alice\n") and "2 of 2 checks passed" in alice
+    assert "## ch.ipynb: 2/2 checks passed" in alice and "- `[PASSED] test-double`: passed" in alice
+    bob = (feedback / "bob.md").read_text()
+    assert "## work/ch.ipynb: 1/2 checks passed" in bob
+    assert "- `[FAILED] test-double`: double(0) should be 0, got 1. Hint: multiply by two" in bob
+    carol = (feedback / "carol.md").read_text()
+    assert "**The notebook did not run to the end**: timed out" in carol
+    assert f"- `[FAILED] test-clip`: {course.NOT_RUN}" in carol
+    assert "its check cell is missing" in (feedback / "dave.md").read_text()
+    assert "alice" not in bob and "bob" not in alice, "a student sees only their own results"
+
+
+def test_feedback_file_names_are_safe(tmp_path):
+    rows = [{"student": name, "notebook": "a.ipynb", "label": "x", "passed": 1, "message": "passed"}
+            for name in ["../../etc/passwd", "Ada Lovelace", "émile"]]
+    written = course.write_feedback(rows, tmp_path / "fb")
+    assert [p.name for p in written] == ["etc_passwd.md", "Ada_Lovelace.md", "émile.md"]
+    assert all(p.parent == tmp_path / "fb" for p in written)
 
 
 def test_grade_notebook_survives_a_dead_kernel_and_an_unreadable_file(tmp_path):
@@ -369,3 +406,40 @@ def test_grade_log_lines_are_json_from_the_check_api(registry, tmp_path, monkeyp
     lines = [json.loads(line) for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert lines == [{"label": "test-double", "passed": True, "message": "passed"},
                      {"label": "test-clip", "passed": True, "message": "passed"}]
+
+
+# ---------------------------------------------------------------------------------------------
+# Day one, as an instructor: a real chapter, its bundle, two submissions, the grades
+# ---------------------------------------------------------------------------------------------
+def test_instructor_day_one_with_chapter_one(tmp_path):
+    """Bundle Chapter 1, hand in one right and one broken notebook, grade them: CSV and feedback agree."""
+    bundle, subs = tmp_path / "bundle", tmp_path / "submissions"
+    assert course.main(["student", str(bundle), "--book", str(ROOT / "book")]) == 0
+    blank = nbformat.read(bundle / "01_attention.ipynb", as_version=4)
+    book = {cell.get("id"): cell for cell in nbformat.read(ROOT / "book" / "01_attention.ipynb", as_version=4).cells}
+    stubbed = [cell for cell in blank.cells if course.STUB in cell.source]
+    assert len(stubbed) >= 2, "Chapter 1 should have at least two coding exercises"
+    labels = course.expected_labels(blank)
+
+    ada = nbformat.from_dict(json.loads(json.dumps(blank)))  # every stub answered as the book does
+    for cell in ada.cells:
+        if course.STUB in cell.source:
+            cell.source = book[cell.get("id")].source
+    bob = nbformat.from_dict(json.loads(json.dumps(blank)))  # a wrong first answer, the rest left as stubs
+    first = next(cell for cell in bob.cells if course.STUB in cell.source)
+    first.source = first.source.replace(course.STUB, "return scores.softmax(-1)  # forgot the mask and temperature")
+    for name, nb in [("ada", ada), ("bob", bob)]:
+        (subs / name).mkdir(parents=True)
+        nbformat.write(nb, subs / name / "01_attention.ipynb")
+
+    out = tmp_path / "grades.csv"
+    assert course.main(["grade", str(subs), "--out", str(out), "--book", str(ROOT / "book"), "--timeout", "120"]) == 0
+    with out.open(newline="") as f:
+        rows = {(r["student"], r["label"]): (r["passed"], r["message"]) for r in csv.DictReader(f)}
+    assert set(rows) == {(student, label) for student in ("ada", "bob") for label in labels}, "no crash rows"
+    assert all(rows["ada", label] == ("1", "passed") for label in labels)
+    verdict, message = rows["bob", labels[0]]
+    assert verdict == "0" and "Hint:" in message
+    assert all(rows["bob", label][0] == "0" and "not attempted" in rows["bob", label][1] for label in labels[1:])
+    assert f"{len(labels)} of {len(labels)} checks passed" in (tmp_path / "feedback" / "ada.md").read_text()
+    assert f"0 of {len(labels)} checks passed" in (tmp_path / "feedback" / "bob.md").read_text()
