@@ -233,10 +233,11 @@ def _triton_importable() -> bool:
 def select_backend(q: torch.Tensor, backend: str = "auto") -> str:
     """Resolve ``backend`` for inputs like ``q``: ``"triton"`` or ``"torch"``.
 
-    ``"auto"`` picks ``"triton"`` when ``q`` is on a CUDA device, Triton is installed and the head
-    dim is one the kernels support (16, 32, 64, 128), else ``"torch"``. ``"triton"`` requires Triton and either a CUDA tensor or Triton's CPU interpreter
-    (environment variable ``TRITON_INTERPRET=1``, slow, for tests); otherwise it raises
-    ``RuntimeError`` saying what is missing.
+    ``"auto"`` picks ``"triton"`` when ``q`` is on a CUDA GPU that can run the kernels (Triton
+    installed, compute capability >= 7.0, bfloat16 only on >= 8.0, head dim 16, 32, 64 or 128: the
+    rule of :func:`attnbook.kernels.plan`), else ``"torch"``. ``"triton"`` requires Triton and
+    either a CUDA tensor or Triton's CPU interpreter (environment variable ``TRITON_INTERPRET=1``,
+    slow, for tests); otherwise it raises ``RuntimeError`` saying what is missing.
     """
     if backend not in ("auto", "torch", "triton"):
         raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
@@ -244,7 +245,9 @@ def select_backend(q: torch.Tensor, backend: str = "auto") -> str:
         return "torch"
     usable = _triton_importable() and (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
     if backend == "auto":
-        return "triton" if usable and q.is_cuda and q.shape[-1] in (16, 32, 64, 128) else "torch"
+        from .kernels import plan_for
+
+        return plan_for("flash", q)[0]
     if not usable:
         missing = "the triton package" if not _triton_importable() else "a CUDA tensor (or TRITON_INTERPRET=1)"
         raise RuntimeError(

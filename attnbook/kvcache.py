@@ -62,8 +62,8 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_elem
 
 
-#: Published configurations: layers, attention heads, key/value heads, head width, context length
-#: (and Mistral's sliding window). Sources: GPT-2 (Radford et al., 2019; the released ``config.json``),
+#: Published configurations (layers, attention heads, key/value heads, head width, context length,
+#: and Mistral's sliding window). Sources: GPT-2 (Radford et al., 2019; the released ``config.json``),
 #: Llama 2 (Touvron et al., 2023, Table 1: GQA only in the 34B/70B models), Llama 3 (Grattafiori et al.,
 #: 2024, Table 3; 8192 is Llama 3's context, 3.1 extends it to 128K), Mistral 7B (Jiang et al., 2023, Table 1).
 MODEL_CONFIGS: dict[str, dict[str, int]] = {
@@ -276,6 +276,7 @@ def split_kv_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
         k_cache, v_cache: ``(batch, kv_heads, max_len, head_dim)``; ``heads`` a multiple of ``kv_heads``
             (query head ``h`` reads key/value head ``h // (heads // kv_heads)``).
         cache_seqlens: ``(batch,)`` integers, the valid length of each sequence's cache.
+
     Returns ``(batch, heads, 1, head_dim)``; a sequence with length 0 gets zeros. Splits run in fp32.
     """
     _check_decode(q, k_cache, v_cache, cache_seqlens)
@@ -307,14 +308,16 @@ def split_kv_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
 def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
                      num_splits: int | None = None, backend: str = "auto") -> torch.Tensor:
     """Split-KV decoding: the Triton kernel (:func:`attnbook.kernels.decode.decode_attention`) when
-    ``backend="triton"`` or, with ``"auto"``, when the tensors are on CUDA; :func:`split_kv_attention`
-    (``backend="torch"``) otherwise. Shapes as in :func:`split_kv_attention`; ``decode_attention.last_backend``
+    ``backend="triton"`` or, with ``"auto"``, when the tensors are on a CUDA GPU that can run it
+    (:func:`attnbook.kernels.plan`); :func:`split_kv_attention` (``backend="torch"``) otherwise. Shapes as in :func:`split_kv_attention`; ``decode_attention.last_backend``
     records which one ran.
     """
     if backend not in ("auto", "triton", "torch"):
         raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
     if backend == "auto":
-        backend = "triton" if q.is_cuda else "torch"
+        from .kernels import plan_for
+
+        backend = plan_for("decode", q)[0]
     decode_attention.last_backend = backend
     if backend == "triton":
         from .kernels.decode import decode_attention as triton_decode_attention

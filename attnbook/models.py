@@ -30,6 +30,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .core import scaled_dot_product_attention
+from .kernels import plan_for
 from .kvcache import KVCache
 from .positional import LearnedPositionalEmbedding, RotaryEmbedding, T5RelativeBias, alibi_bias, sinusoidal_encoding
 
@@ -96,8 +97,9 @@ class Attention(nn.Module):
             q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
-            if T == 1 and bias is None and x.is_cuda and not self.training and type(cache) is KVCache:
-                from .kernels.decode import decode_attention  # Triton: only imported on a GPU
+            if T == 1 and bias is None and x.is_cuda and not self.training and type(cache) is KVCache \
+                    and plan_for("decode", q)[0] == "triton":
+                from .kernels.decode import decode_attention  # Triton: only imported on a GPU that runs it
 
                 lengths = torch.full((B,), offset + 1, dtype=torch.int32, device=x.device)
                 out = decode_attention(q, k, v, lengths)
