@@ -235,6 +235,24 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
+def _check_cell_errors(nb) -> dict[str, str]:
+    """``{label: "NameError: name 'f' is not defined"}`` for each executed check cell that raised.
+
+    A check cell raises when the code it checks never got defined (a syntax error or an exception in
+    the student's cell above it): the error tells the student where to look.
+    """
+    errors = {}
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        raised = [out for out in cell.get("outputs", []) if out.get("output_type") == "error"]
+        if raised:
+            text = f"{raised[0].get('ename', 'Error')}: {raised[0].get('evalue', '')}".strip().rstrip(":")
+            for match in _CHECK_CALL.finditer(cell.source):
+                errors.setdefault(match[2], text)
+    return errors
+
+
 def grade_notebook(path, timeout: float = 120, expected: list[str] | None = None) -> list[dict]:
     """Execute the notebook at ``path`` in a fresh ``python3`` kernel and return its check results.
 
@@ -277,8 +295,10 @@ def grade_notebook(path, timeout: float = 120, expected: list[str] | None = None
             except (ValueError, KeyError, TypeError):  # the submitted code wrote into the log
                 error = error or f"unreadable grade log line: {line[:80]!r}"
     present = expected_labels(nb)
+    errors = _check_cell_errors(nb)
     for label in present:
-        rows.setdefault(label, {"label": label, "passed": 0, "message": NOT_RUN})
+        message = f"{NOT_RUN}: its cell raised {errors[label]}" if label in errors else NOT_RUN
+        rows.setdefault(label, {"label": label, "passed": 0, "message": message})
     for label in expected or []:
         rows.setdefault(label, {"label": label, "passed": 0, "message": f"{NOT_RUN} (its check cell is missing)"})
     results = [{"notebook": path.name, **row} for row in rows.values()]

@@ -164,6 +164,8 @@ from .complexity import attention_flops, attention_memory_bytes  # noqa: E402  (
     "scores (h heads of (n, d/h) x (d/h, n)), weighted sum, output projection. The head count cancels out.",
 )
 def _check_attention_matmul_flops(student) -> None:
+    """``student(n, d_model, n_heads=..., batch=...)`` must equal the matrix-product FLOPs of :func:`attnbook.complexity.attention_flops`, exactly, on six sizes."""
+
     cases = [(1, 1, 1, 1), (4, 8, 2, 1), (7, 12, 3, 5), (128, 64, 1, 2), (1000, 512, 8, 1), (4096, 4096, 32, 3)]
     for n, d, h, batch in cases:
         got = student(n, d, n_heads=h, batch=batch)
@@ -180,6 +182,8 @@ def _check_attention_matmul_flops(student) -> None:
     "with integer arithmetic (math.isqrt), returning 0 when not even n = 1 fits.",
 )
 def _check_max_seq_len(student) -> None:
+    """``student(budget_bytes, ...)`` must return the longest ``n`` whose attention weights fit the budget (:func:`attnbook.complexity.attention_memory_bytes`), exactly at the boundary."""
+
     cases = [
         dict(budget_bytes=2**34),  # 16 GiB, one fp32 matrix: exactly 65,536
         dict(budget_bytes=2**34 - 1),  # one byte less: 65,535
@@ -382,6 +386,8 @@ def _ch05_inputs(seed: int, L: int, S: int, E: int = 4, Ev: int = 3, batch: tupl
     "divide phi(Q) kv by phi(Q) z + eps row by row; phi is elu(x) + 1 and there is no 1/sqrt(d).",
 )
 def _check_linear_attention(student) -> None:
+    """``student(q, k, v)`` must equal :func:`attnbook.linear.linear_attention` (elu + 1 features) for ``L != S`` and batched heads."""
+
     from .linear import linear_attention
 
     for seed, (L, S) in enumerate([(5, 5), (3, 8), (1, 1), (7, 2)]):
@@ -397,6 +403,8 @@ def _check_linear_attention(student) -> None:
     "phi(k_j) gives S_i and z_i; out_i = phi(q_i) S_i / (phi(q_i) z_i + eps). Query i sees keys 0..i.",
 )
 def _check_causal_prefix_sums(student) -> None:
+    """``student(q, k, v)`` must equal :func:`attnbook.linear.linear_attention` with ``is_causal=True``, and later keys must not change earlier outputs."""
+
     from .linear import linear_attention
 
     for seed, n in enumerate([1, 2, 6, 11]):
@@ -418,6 +426,8 @@ def _check_causal_prefix_sums(student) -> None:
     "(one exp of a difference: a quotient of two exps overflows sooner).",
 )
 def _check_performer_features(student) -> None:
+    """``student(x, W)`` must equal :func:`attnbook.linear.performer_features`, and stay finite for inputs with a large norm."""
+
     from .linear import performer_features
 
     gen = torch.Generator().manual_seed(0)
@@ -441,6 +451,8 @@ def _check_performer_features(student) -> None:
     "sequence in the batch, times the bytes of one element.",
 )
 def _check_ch06_kv_cache_bytes(student) -> None:
+    """``student(n_layers, n_kv_heads, head_dim, seq_len, batch, bytes_per_elem)`` must equal :func:`attnbook.kvcache.kv_cache_bytes`."""
+
     from .kvcache import kv_cache_bytes
 
     for args in [(32, 32, 128, 4096, 1, 2), (80, 8, 128, 4096, 1, 2), (12, 12, 64, 1024, 8, 4), (1, 1, 1, 1, 1, 1),
@@ -455,6 +467,8 @@ def _check_ch06_kv_cache_bytes(student) -> None:
     "with the table (pool[block_table]), put the heads first, flatten blocks and offsets, keep `length` positions.",
 )
 def _check_ch06_paged_gather(student) -> None:
+    """``student(pool, block_table, length)`` must equal :meth:`attnbook.kvcache.PagedKVCache.gather` on interleaved sequences."""
+
     from .kvcache import PagedKVCache
 
     gen = torch.Generator().manual_seed(6)
@@ -477,6 +491,8 @@ def _check_ch06_paged_gather(student) -> None:
     "the weights; a split with lse = -inf has weight 0, and if every split is empty return zeros (not NaN).",
 )
 def _check_ch06_merge_splits(student) -> None:
+    """``student(o, lse)`` must merge per-split outputs into full softmax attention; all-empty splits give zeros, not NaN."""
+
     gen = torch.Generator().manual_seed(60)
     for shape, n, d in [((2, 3), 4, 5), ((1,), 1, 2), ((2,), 6, 3)]:
         scores = 3 * torch.randn(*shape, n * 4, generator=gen, dtype=torch.float64)
@@ -505,6 +521,8 @@ def _check_ch06_merge_splits(student) -> None:
     "(two empty blocks) return m = -inf, l = 0 without computing -inf - (-inf).",
 )
 def _check_merge_states(student) -> None:
+    """``student(m_a, l_a, m_b, l_b)`` must return the ``(m, l)`` of the concatenated scores, and ``(-inf, 0)`` for two empty blocks."""
+
     gen = torch.Generator().manual_seed(0)
     for n_a, n_b, spread in [(3, 5, 1.0), (1, 1, 10.0), (7, 2, 300.0)]:
         a = spread * torch.randn(4, n_a, generator=gen, dtype=torch.float64)
@@ -533,6 +551,8 @@ def _check_merge_states(student) -> None:
     "negative), at most ceil(S / block_k).",
 )
 def _check_causal_key_blocks(student) -> None:
+    """``student(q_block, block_q, block_k, L, S)`` must count the key blocks a causal query block needs, against :func:`attnbook.core.causal_mask`."""
+
     from .core import causal_mask
 
     for L, S, bq, bk in [(8, 8, 2, 2), (7, 13, 3, 4), (13, 5, 4, 2), (1, 9, 16, 4), (5, 5, 8, 8), (40, 10, 16, 16)]:
@@ -553,6 +573,8 @@ def _check_causal_key_blocks(student) -> None:
     "dS = P * (dP - delta[..., None]); dq = dS k * scale; dk = dS^T q * scale.",
 )
 def _check_attention_backward(student) -> None:
+    """``student(q, k, v, out, lse, dout, scale)`` must return ``(dq, dk, dv)`` equal to autograd's in float64."""
+
     gen = torch.Generator().manual_seed(0)
     for L, S, E, scale in [(4, 6, 3, 0.5), (1, 1, 2, 1.0), (7, 3, 5, 0.3)]:
         q, k, v = (torch.randn(2, n, E, generator=gen, dtype=torch.float64, requires_grad=True) for n in (L, S, S))

@@ -440,6 +440,15 @@ def test_instructor_day_one_with_chapter_one(tmp_path):
     assert all(rows["ada", label] == ("1", "passed") for label in labels)
     verdict, message = rows["bob", labels[0]]
     assert verdict == "0" and "Hint:" in message
+    # carl's second answer does not parse: its check cell cannot find the function, and says so
+    carl = nbformat.from_dict(json.loads(json.dumps(ada)))
+    broken = [cell for cell in carl.cells if cell.get("id") == stubbed[1].get("id")][0]
+    broken.source = broken.source.replace("### BEGIN SOLUTION", "x = (  # unfinished\n    ### BEGIN SOLUTION", 1)
+    (subs / "carl").mkdir()
+    nbformat.write(carl, subs / "carl" / "01_attention.ipynb")
+    carl_rows = {r["label"]: r for r in course.grade([subs / "carl"], tmp_path / "carl.csv", book_dir=ROOT / "book")}
+    assert carl_rows[labels[0]]["passed"] == 1
+    assert carl_rows[labels[1]]["message"].startswith(f"{course.NOT_RUN}: its cell raised NameError: name ")
     assert all(rows["bob", label][0] == "0" and "not attempted" in rows["bob", label][1] for label in labels[1:])
     assert f"{len(labels)} of {len(labels)} checks passed" in (tmp_path / "feedback" / "ada.md").read_text()
     assert f"0 of {len(labels)} checks passed" in (tmp_path / "feedback" / "bob.md").read_text()
