@@ -31,7 +31,7 @@ __all__ = [
     "loglog_slope",
 ]
 
-#: max, subtract, exp, sum and divide: a conventional estimate, not a matmul term.
+#: Max, subtract, exp, sum and divide, a conventional estimate (not a matmul term).
 SOFTMAX_FLOPS_PER_ELEMENT = 5
 
 

@@ -23,7 +23,8 @@ import torch
 
 __all__ = ["DEFAULT_SCORES", "attention_entropy", "softmax_temperature_explorer", "rope_rotation_explorer"]
 
-#: Scores of one query against five keys: one clear winner, a runner-up, and three weaker keys.
+#: Scores of one query against five keys (one clear winner, a runner-up, and three weaker keys),
+#: where the temperature explorer starts.
 DEFAULT_SCORES = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 
 

@@ -219,3 +219,92 @@ def test_tracked_files_exclude_build_outputs():
     tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
     assert tracked, "the tests run from a git checkout of the book"
     assert not any(t.startswith(("_build/", ".venv/")) for t in tracked)
+
+
+# ---------------------------------------------------------------------------------------------
+# The instructor guide, the API reference and the GPU tiers page keep up with the chapters
+# ---------------------------------------------------------------------------------------------
+COURSE = (ROOT / "book" / "course.md").read_text()
+EXERCISE = re.compile(r"`{3,}\{exercise\}\s*(.+?)\s*\(difficulty: ([★☆]+)\)\s*\n:label: (\S+)")
+
+
+def _chapter_exercises(nb_path):
+    nb = json.loads(nb_path.read_text())
+    md = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    code = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    checked = set(re.findall(r"exercises\.check\(\"([^\"]+)\"", code))
+    return [(label, stars, label in checked) for _, stars, label in EXERCISE.findall(md)]
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
+def test_course_guide_lists_the_chapters_exercises_as_they_are(nb_path):
+    nn = nb_path.name[:2]
+    section = COURSE.split(f"(course-ch{nn})=")[1].split("(course-")[0]
+    assert f"{{doc}}`Read the chapter <{nb_path.stem}>`" in section
+    for needed in ["**Prerequisites.**", "**After this chapter a student can**", "**Study time:**", "**CPU run time:**"]:
+        assert needed in section, f"course.md, chapter {nn}: {needed} is missing"
+    rows = re.findall(r"^\| `(\S+)`: .+? \| ([★☆]+) \| (auto-check|written)", section, flags=re.M)
+    expected = _chapter_exercises(nb_path)
+    assert [(label, stars, kind == "auto-check") for label, stars, kind in rows] == expected, (
+        f"course.md's exercise table for chapter {nn} differs from {nb_path.name}: regenerate it"
+    )
+
+
+def test_course_syllabus_assigns_every_auto_checked_exercise_and_names_only_real_ones():
+    syllabus = COURSE.split("(course-syllabus)=")[1].split("(course-bundle)=")[0]
+    weeks = re.findall(r"^\| (\d+) \|", syllabus, flags=re.M)
+    assert weeks == [str(w) for w in range(1, 13)], "the syllabus has 12 weeks, in order"
+    exercises = {label: auto for nb in NOTEBOOKS for label, _, auto in _chapter_exercises(nb)}
+    named = set(re.findall(r"`(ch\d\d-[\w-]+)`", syllabus))
+    assert named <= set(exercises), f"the syllabus names exercises that do not exist: {named - set(exercises)}"
+    assert {label for label, auto in exercises.items() if auto} <= named, "every auto-checked exercise is assigned"
+    chapters_taught = set(re.findall(r"\{doc\}`(\d\d_\w+)`", syllabus))
+    assert chapters_taught == {nb.stem for nb in NOTEBOOKS}, "every chapter is taught in some week"
+
+
+def test_api_reference_documents_every_public_module():
+    api = (ROOT / "book" / "api.md").read_text()
+    documented = set(re.findall(r"^\.\. automodule:: (attnbook[\w.]*)$", api, flags=re.M))
+    modules = {f"attnbook.{p.stem}" for p in (ROOT / "attnbook").glob("*.py") if p.stem != "__init__"}
+    modules |= {f"attnbook.kernels.{p.stem}" for p in (ROOT / "attnbook" / "kernels").glob("*.py") if p.stem != "__init__"}
+    modules.add("attnbook.kernels")
+    assert documented == modules, f"api.md misses {modules - documented}, or lists unknown {documented - modules}"
+
+
+API_ROLE = re.compile(r"\{py:(func|class|mod|meth)\}`~?([^`<]+?)(?:\s*<([^>]+)>)?`")
+
+
+@pytest.mark.parametrize("nb_path", NOTEBOOKS, ids=lambda p: p.name)
+def test_chapter_links_the_api_reference_with_public_names(nb_path):
+    import importlib
+
+    nb = json.loads(nb_path.read_text())
+    md = "\n".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "markdown")
+    roles = API_ROLE.findall(md)
+    assert len(roles) >= 4, f"{nb_path.name} links only {len(roles)} API names"
+    assert re.search(r"\{ref\}`api-[\w-]+`", md), f"{nb_path.name} does not point to its module's API section"
+    for kind, text, target in roles:
+        name = (target or text).strip().lstrip("~")
+        if kind == "mod":
+            importlib.import_module(name)
+            continue
+        parts = name.split(".")
+        for i in range(len(parts) - 1, 0, -1):
+            try:
+                module = importlib.import_module(".".join(parts[:i]))
+                break
+            except ImportError:
+                continue
+        assert parts[i] in module.__all__, f"{nb_path.name} links {name}, which is not public (api.md shows __all__)"
+        obj = module
+        for part in parts[i:]:
+            obj = getattr(obj, part)
+        assert obj.__doc__, f"{nb_path.name} links {name}, which has no docstring, so no API entry"
+
+
+def test_gpu_tiers_page_covers_each_tier_and_says_what_is_unmeasured():
+    page = (ROOT / "book" / "gpu_tiers.md").read_text()
+    for tier in ["CPU", "T4", "L4", "A100", "H100"]:
+        assert f"**{tier}" in page or f"**Colab {tier}" in page, f"gpu_tiers.md has no row for {tier}"
+    assert "attnbook.kernels.support()" in page and "When a kernel does not run on your GPU" in page
+    assert "not measured" in page.lower()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import http.server
+import re
 import shutil
 import tempfile
 import threading
@@ -23,7 +24,21 @@ ROOT = Path(__file__).resolve().parents[1]
 HTML = ROOT / "_build" / "html"
 CHAPTERS = sorted(p.stem for p in (ROOT / "book").glob("*.ipynb"))
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
-PAGES = ["intro.html", "book/bibliography.html", *[f"book/{c}.html" for c in CHAPTERS]]
+
+
+def _toc_pages(entries) -> list[str]:
+    pages = []
+    for entry in entries or []:
+        if "file" in entry:
+            pages.append(f"{entry['file']}.html")
+        for key in ("chapters", "sections", "parts"):
+            pages += _toc_pages(entry.get(key))
+    return pages
+
+
+_TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
+# Every page a reader reaches from the navigation, plus Sphinx's own search and index pages.
+PAGES = ["intro.html", *_toc_pages(_TOC.get("parts")), "search.html", "genindex.html"]
 
 pytestmark = pytest.mark.site
 
@@ -97,7 +112,8 @@ def test_page_loads_every_local_asset(browser, server, page):
         "return [...document.images].filter(i => i.complete && i.naturalWidth === 0).map(i => i.src)"
     )
     assert not broken_images, f"{page}: images that did not load: {broken_images}"
-    assert browser.find_element("css selector", "article h1").text.strip(), f"{page} has no title"
+    titles = browser.execute_script("return [...document.querySelectorAll('h1')].map(h => h.innerText.trim()).filter(Boolean)")
+    assert titles, f"{page} has no visible title"
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -110,16 +126,66 @@ def test_math_is_typeset_from_the_local_mathjax(browser, server, chapter):
     assert sources and all(src.startswith(server) for src in sources), f"MathJax must come from the site: {sources}"
 
 
+_IDS: dict[Path, set[str]] = {}
+
+
+def _ids(path: Path) -> set[str]:
+    """The element ids of a built page (the targets of ``page.html#id`` links)."""
+    if path not in _IDS:
+        _IDS[path] = set(re.findall(r"""\bid=["']([^"']+)["']""", path.read_text(errors="replace")))
+    return _IDS[path]
+
+
+def _broken_links(page: str, hrefs: list[str], server: str) -> list[str]:
+    broken = []
+    for href in hrefs:
+        if not href.startswith(server):
+            continue
+        url = urllib.parse.urlsplit(href)
+        path = urllib.parse.unquote(url.path).lstrip("/") or "index.html"
+        target = HTML / path
+        if path.endswith("/"):
+            target = target / "index.html"
+        if not target.exists():
+            broken.append(f"{href} (no such file)")
+        elif url.fragment and target.suffix == ".html" and urllib.parse.unquote(url.fragment) not in _ids(target):
+            broken.append(f"{href} (no element with id {url.fragment!r})")
+    return broken
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_internal_links_resolve(browser, server, page):
     _open(browser, server, page)
     hrefs = browser.execute_script("return [...document.querySelectorAll('a[href]')].map(a => a.href)")
-    for href in hrefs:
-        url = urllib.parse.urlsplit(href)
-        if not href.startswith(server) or not url.path.endswith(".html"):
-            continue
-        target = HTML / urllib.parse.unquote(url.path).lstrip("/")
-        assert target.exists(), f"{page} links to missing page {url.path}"
+    broken = _broken_links(page, hrefs, server)
+    assert not broken, f"{page} has broken internal links: {broken}"
+
+
+def test_every_built_page_has_no_broken_internal_link(server):
+    """All of _build/html, beyond the navigation: the [source] pages of the API, the module index..."""
+    pages = sorted(p for p in HTML.rglob("*.html") if not p.relative_to(HTML).parts[0].startswith("_static"))
+    assert len(pages) > len(PAGES), "expected the API's [source] pages too"
+    broken = {}
+    for path in pages:
+        page = path.relative_to(HTML).as_posix()
+        base = f"{server}/{page}"
+        hrefs = [urllib.parse.urljoin(base, h) for h in re.findall(r"""<a\b[^>]*\bhref=["']([^"']+)["']""", path.read_text())]
+        hrefs += [urllib.parse.urljoin(base, h) for h in re.findall(r"""<(?:img|script)\b[^>]*\bsrc=["']([^"'#?]+)""", path.read_text())]
+        found = _broken_links(page, [h.replace("&amp;", "&") for h in hrefs], server)
+        if found:
+            broken[page] = found
+    assert not broken, f"broken internal links or assets: {broken}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_figure_has_alt_text_or_a_caption(browser, server, page):
+    _open(browser, server, page)
+    missing = browser.execute_script(
+        """return [...document.querySelectorAll('article img')]
+             .filter(i => !(i.alt && i.alt.trim()) && !i.closest('figure')?.querySelector('figcaption'))
+             .map(i => i.src)"""
+    )
+    assert not missing, f"{page}: images without alt text or caption: {missing}"
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
@@ -172,8 +238,18 @@ def test_written_solutions_are_collapsed_until_clicked(browser, server, chapter)
     assert body.is_displayed(), f"{chapter}: the solution did not open on click"
 
 
-@pytest.mark.parametrize("word, chapter", [("equivariance", "01_attention"), ("crossover", "02_complexity")])
-def test_search_finds_a_chapter_by_a_word_in_it(browser, server, word, chapter):
+SEARCH_WORDS = {"01_attention": "equivariance", "02_complexity": "crossover", "03_positional": "ALiBi",
+                "04_sparse": "BigBird", "05_linear": "Performer", "06_kv_cache": "paged", "07_flash": "SRAM",
+                "08_rnn_attention": "Bahdanau", "09_vision_attention": "rollout", "10_graph_attention": "karate",
+                "11_connections": "Hopfield"}
+
+
+def test_search_words_cover_every_chapter():
+    assert sorted(SEARCH_WORDS) == CHAPTERS
+
+
+@pytest.mark.parametrize("chapter, word", sorted(SEARCH_WORDS.items()))
+def test_search_finds_a_chapter_by_a_word_in_it(browser, server, chapter, word):
     _open(browser, server, f"search.html?q={word}")
     deadline = time.time() + 20
     links: list[str] = []

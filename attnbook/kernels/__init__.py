@@ -12,9 +12,9 @@ functions answer the question a reader on Colab asks first, "will the Triton ker
   each kernel will do there.
 
 The rules, from Triton's and NVIDIA's documentation: Triton generates code for compute capability
-7.0 and newer and lists 8.0+ (Ampere) as its supported NVIDIA hardware; since Triton 3.2 a
-``tl.dot`` on 7.x GPUs (V100, T4) runs without tensor cores, so the kernels are correct there but
-slow. bfloat16 needs 8.0+. The FlashAttention kernels take head dimensions 16, 32, 64 and 128.
+7.0 and newer and lists 8.0+ (Ampere) as its supported NVIDIA hardware; its recent versions
+compute ``tl.dot`` on 7.x GPUs (V100, T4) without tensor cores, so the kernels are correct there
+but slow. bfloat16 needs 8.0+. The FlashAttention kernels take head dimensions 16, 32, 64 and 128.
 """
 
 from __future__ import annotations
