@@ -178,3 +178,11 @@ def test_every_solution_passes_and_every_stub_fails():
         except NotImplementedError:
             pass  # the stub raises as soon as the cell runs: the student cannot miss it
     assert not problems, "\n".join(problems)
+
+
+# ---------------------------------------------------------------------------------------------
+# Wrong answers fail: checks for the computable parts of exercises that were written-only
+# ---------------------------------------------------------------------------------------------
+# (chapters 1-5)
+
+# (chapters 7-11)
