@@ -21,6 +21,7 @@ help:
 	@echo "make test   build the book, then run all tests: package, Triton interpreter, course kit, nbval, browser"
 	@echo "make test-fast   package tests only (no notebooks, no browser)"
 	@echo "make student     write the student bundle (solutions stripped) into student/"
+	@echo "make release VERSION=X.Y.Z   set the version and pin every install cell (maintainers)"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
