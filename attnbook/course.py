@@ -10,9 +10,10 @@ markers, followed by a check cell::
 
     attnbook.exercises.check("ch01-softmax", my_softmax)       # check cell
 
-Two commands turn the book into a course::
+Two commands turn the book into a course (a third exports it to nbgrader)::
 
     python -m attnbook.course student OUTDIR [--book book]
+    python -m attnbook.course nbgrader SOURCE_DIR [--book book] [--points 1]
     python -m attnbook.course grade SUBMISSIONS... --out grades.csv [--timeout 120] [--feedback DIR] [--book book]
 
 ``student`` replaces every marked block by ``raise NotImplementedError(...)`` (so the check reports
@@ -39,8 +40,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ["strip_solutions", "make_student_bundle", "grade_notebook", "grade", "write_feedback", "expected_labels",
-           "main"]
+__all__ = ["strip_solutions", "make_student_bundle", "nbgrader_source", "make_nbgrader_source", "grade_notebook",
+           "grade", "write_feedback", "expected_labels", "main"]
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -204,6 +205,88 @@ def make_student_bundle(book_dir="book", out_dir="student") -> list[Path]:
     readme = out_dir / "README.md"
     readme.write_text(STUDENT_README)
     written.append(readme)
+    return written
+
+
+# ---------------------------------------------------------------------------------------------
+# nbgrader source notebooks
+# ---------------------------------------------------------------------------------------------
+NBGRADER_SCHEMA = 3
+
+
+def _nbgrader_meta(grade_id: str, *, solution: bool, grade: bool, locked: bool, points: float | None = None) -> dict:
+    meta = {"grade": grade, "grade_id": grade_id, "locked": locked, "schema_version": NBGRADER_SCHEMA,
+            "solution": solution, "task": False}
+    if points is not None:
+        meta["points"] = points
+    return meta
+
+
+def nbgrader_source(nb, name: str = "notebook", points: float = 1):
+    """The nbgrader *source* version of chapter ``nb`` (not modified), for ``nbgrader generate_assignment``.
+
+    - cells tagged ``solution`` keep their solution between the markers (nbgrader's own) and become
+      *autograded answer* cells (``solution: true``), without the ``hide-input`` tag;
+    - each check cell ``attnbook.exercises.check("label", f)`` becomes an *autograder tests* cell
+      worth ``points`` (``grade: true``, ``locked: true``, ``grade_id`` = the label) whose call is
+      wrapped in ``assert``, so a failed check raises and nbgrader counts it;
+    - written ``{solution}`` directives are removed from markdown (nbgrader would release them);
+    - outputs are cleared.
+
+    Raises ``ValueError`` naming ``name`` and the cell for a check cell that is not a single
+    ``check(...)`` call (it could not be wrapped safely) or for unbalanced markers.
+    """
+    source = copy.deepcopy(nb)
+    cells, pending = [], None  # pending: the last solution cell, waiting for its check
+    for index, cell in enumerate(source.cells):
+        where = f"{name}, cell {index}"
+        if cell.cell_type == "markdown":
+            cell.source = _strip_written_solutions(cell.source)
+            if cell.source.strip():
+                cells.append(cell)
+            continue
+        if cell.cell_type != "code":
+            cells.append(cell)
+            continue
+        cell.outputs, cell.execution_count = [], None
+        cell.metadata.pop("execution", None)
+        tags = cell.metadata.get("tags", [])
+        calls = list(_CHECK_CALL.finditer(cell.source))
+        if "solution" in tags:
+            if not _strip_code(cell.source, where)[1]:
+                raise ValueError(f"{where}: tagged 'solution' but has no {BEGIN} / {END} block")
+            cell.metadata["tags"] = [tag for tag in tags if tag != "hide-input"]
+            cell.metadata["nbgrader"] = _nbgrader_meta(f"cell-{index}", solution=True, grade=False, locked=False)
+            pending = cell
+        elif calls:
+            line = cell.source.strip()
+            if len(calls) != 1 or "\n" in line or not line.endswith(")"):
+                raise ValueError(f"{where}: a check cell must be one check(...) call to become an nbgrader test")
+            label = calls[0][2]
+            cell.source = f"assert {line}, 'the check above failed: read its message and hint'"
+            cell.metadata["nbgrader"] = _nbgrader_meta(label, solution=False, grade=True, locked=True, points=points)
+            if pending is not None:
+                pending.metadata["nbgrader"]["grade_id"] = f"{label}-answer"
+                pending = None
+        cells.append(cell)
+    source.cells = cells
+    return source
+
+
+def make_nbgrader_source(book_dir="book", out_dir="source", points: float = 1) -> list[Path]:
+    """Write ``out_dir/<chapter>/<chapter>.ipynb`` for every ``book_dir/*.ipynb``: nbgrader's layout,
+    one assignment per chapter (see :func:`nbgrader_source`). Returns the paths written."""
+    nbformat = _require("nbformat")
+    book_dir, out_dir = Path(book_dir), Path(out_dir)
+    notebooks = sorted(book_dir.glob("*.ipynb"))
+    if not notebooks:
+        raise ValueError(f"book_dir {str(book_dir)!r} has no *.ipynb notebooks")
+    written = []
+    for path in notebooks:
+        target = out_dir / path.stem / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        nbformat.write(nbgrader_source(nbformat.read(path, as_version=4), name=path.name, points=points), target)
+        written.append(target)
     return written
 
 
@@ -428,6 +511,10 @@ def main(argv=None) -> int:
     student = commands.add_parser("student", help="write student notebooks (solutions stubbed out) and a README")
     student.add_argument("outdir", help="folder for the student notebooks")
     student.add_argument("--book", default="book", help="folder with the chapter notebooks (default: book)")
+    nbg = commands.add_parser("nbgrader", help="write nbgrader source notebooks, one assignment per chapter")
+    nbg.add_argument("outdir", help="nbgrader's source/ folder")
+    nbg.add_argument("--book", default="book", help="folder with the chapter notebooks (default: book)")
+    nbg.add_argument("--points", type=float, default=1, help="points per auto-checked exercise (default: 1)")
     grader = commands.add_parser("grade", help="execute submitted notebooks and write a CSV of their checks")
     grader.add_argument("submissions", nargs="+", help="notebooks, or folders searched for *.ipynb")
     grader.add_argument("--out", default="grades.csv", help="CSV file to write (default: grades.csv)")
@@ -443,6 +530,10 @@ def main(argv=None) -> int:
         if args.command == "student":
             written = make_student_bundle(args.book, args.outdir)
             print(f"Wrote {len(written) - 1} student notebooks and README.md to {args.outdir}")
+        elif args.command == "nbgrader":
+            written = make_nbgrader_source(args.book, args.outdir, points=args.points)
+            print(f"Wrote {len(written)} nbgrader assignments to {args.outdir}: "
+                  f"nbgrader generate_assignment <chapter> makes the release versions")
         else:
             book = args.book if Path(args.book).is_dir() else None
             feedback = Path(args.out).parent / "feedback" if args.feedback is None else Path(args.feedback)

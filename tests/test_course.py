@@ -231,6 +231,67 @@ def test_every_book_notebook_strips_cleanly():
 
 
 # ---------------------------------------------------------------------------------------------
+# nbgrader source notebooks
+# ---------------------------------------------------------------------------------------------
+def test_nbgrader_source_marks_answers_and_tests_and_drops_written_solutions():
+    nb = chapter()
+    source = course.nbgrader_source(nb, name="ch.ipynb", points=2)
+    meta = [(cell.source.split("\n")[0], cell.metadata.get("nbgrader")) for cell in source.cells]
+    graded = [(first, m) for first, m in meta if m]
+    assert [m["grade_id"] for _, m in graded] == ["test-double-answer", "test-double", "test-clip-answer", "test-clip"]
+    for first, m in graded:
+        assert m["schema_version"] == 3 and m["task"] is False
+        if m["solution"]:
+            assert not m["grade"] and not m["locked"] and "points" not in m
+        else:
+            assert m["grade"] and m["locked"] and m["points"] == 2 and first.startswith("assert attnbook.exercises.check(")
+    answers = [cell for cell in source.cells if cell.metadata.get("nbgrader", {}).get("solution")]
+    assert all(course.BEGIN in cell.source for cell in answers), "nbgrader strips the solutions itself"
+    assert all("hide-input" not in cell.metadata.get("tags", []) for cell in answers)
+    text = "\n".join(cell.source for cell in source.cells)
+    assert "{solution}" not in text and "Before the written exercise." in text
+    assert all(not cell.get("outputs") for cell in source.cells if cell.cell_type == "code")
+    assert nb.cells[4].source == CHECK_DOUBLE, "the book's notebook is not modified"
+
+
+def test_nbgrader_tests_raise_on_a_wrong_answer_and_pass_on_a_right_one(registry):
+    source = course.nbgrader_source(chapter())
+    run_cells(source)  # the book's solutions: every assert passes
+    wrong = course.nbgrader_source(chapter(double="def double(x):\n    ### BEGIN SOLUTION\n    return x + 1\n    ### END SOLUTION"))
+    with pytest.raises(AssertionError, match="the check above failed"):
+        run_cells(wrong)
+
+
+def test_nbgrader_source_refuses_a_check_cell_it_cannot_wrap():
+    nb = chapter()
+    nb.cells[4].source = CHECK_DOUBLE + "\nprint('more')"
+    with pytest.raises(ValueError, match="cell 4: a check cell must be one check"):
+        course.nbgrader_source(nb, name="ch.ipynb")
+
+
+def test_cli_nbgrader_writes_one_assignment_per_chapter(tmp_path, capsys):
+    book = tmp_path / "book"
+    book.mkdir()
+    nbformat.write(chapter(), book / "01_first.ipynb")
+    nbformat.write(chapter(), book / "02_second.ipynb")
+    assert course.main(["nbgrader", str(tmp_path / "source"), "--book", str(book), "--points", "3"]) == 0
+    assert "Wrote 2 nbgrader assignments" in capsys.readouterr().out
+    for stem in ("01_first", "02_second"):
+        written = nbformat.read(tmp_path / "source" / stem / f"{stem}.ipynb", as_version=4)
+        assert written == course.nbgrader_source(nbformat.read(book / f"{stem}.ipynb", as_version=4), points=3)
+
+
+def test_every_book_notebook_exports_to_nbgrader():
+    for path in sorted((ROOT / "book").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        source = course.nbgrader_source(nb, name=path.name)
+        tests = [c for c in source.cells if c.metadata.get("nbgrader", {}).get("grade")]
+        assert [c.metadata["nbgrader"]["grade_id"] for c in tests] == course.expected_labels(nb), path.name
+        ids = [c.metadata["nbgrader"]["grade_id"] for c in source.cells if "nbgrader" in c.metadata]
+        assert len(ids) == len(set(ids)), f"{path.name}: nbgrader grade_ids must be unique"
+
+
+# ---------------------------------------------------------------------------------------------
 # The command line: student bundle
 # ---------------------------------------------------------------------------------------------
 def test_cli_student_writes_notebooks_and_readme(tmp_path, capsys):
