@@ -9,7 +9,7 @@ the main answers, in the order Chapter 3 tells them:
   (He et al., 2021);
 * scalar biases added to the logits: T5's bucketed relative bias (Raffel et al., 2020) and ALiBi
   (Press, Smith & Lewis, 2022);
-* rotary embeddings, RoPE (Su et al., 2021), with the context-extension recipes position
+* rotary embeddings, RoPE (Su et al., 2024; arXiv 2021), with the context-extension recipes position
   interpolation (Chen et al., 2023), "NTK-aware" base scaling and YaRN (Peng et al., 2024).
 
 Relative offsets are ``j - i`` (key position minus query position). When there are more keys
@@ -319,7 +319,7 @@ def alibi_bias(n_heads: int, q_len: int, k_len: int | None = None, causal: bool 
 # Rotary embeddings
 # ---------------------------------------------------------------------------------------------
 class RotaryEmbedding(nn.Module):
-    r"""Rotary position embedding, RoPE (Su et al., 2021), applied to queries and keys.
+    r"""Rotary position embedding, RoPE (Su et al., 2024; arXiv 2021), applied to queries and keys.
 
     Each pair of coordinates of a ``dim``-vector at position ``m`` is rotated by the angle
     ``m * theta_f`` with ``theta_f = base^(-2f/dim)``, ``f = 0 .. dim/2 - 1`` (``inv_freq``). Because

@@ -7,7 +7,7 @@ redraws the same picture when a reader moves a slider in Jupyter or Colab.
 Chapter 1 uses :func:`softmax_temperature_explorer` to show how the temperature ``T`` of
 ``softmax(e / T)`` and the ``1 / sqrt(d_k)`` factor of scaled dot-product attention
 (Vaswani et al., 2017) sharpen or flatten attention weights. Chapter 3 uses
-:func:`rope_rotation_explorer` to show that rotary embeddings (Su et al., 2021) make the score of a
+:func:`rope_rotation_explorer` to show that rotary embeddings (Su et al., 2024; arXiv 2021) make the score of a
 query at position ``m`` and a key at position ``n`` depend on ``n - m`` only.
 """
 

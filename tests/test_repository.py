@@ -308,3 +308,28 @@ def test_gpu_tiers_page_covers_each_tier_and_says_what_is_unmeasured():
         assert f"**{tier}" in page or f"**Colab {tier}" in page, f"gpu_tiers.md has no row for {tier}"
     assert "attnbook.kernels.support()" in page and "When a kernel does not run on your GPU" in page
     assert "not measured" in page.lower()
+
+
+def _bib_authors_and_years() -> list[tuple[str, str]]:
+    bib = (ROOT / "references.bib").read_text()
+    found = []
+    for body in re.findall(r"@\w+\{[^,]+,(.*?)\n\}", bib, flags=re.S):
+        author = re.search(r"author\s*=\s*\{(.*?)\},?\n", body, flags=re.S)
+        year = re.search(r"year\s*=\s*\{?(\d{4})", body)
+        if author and year:
+            plain = re.sub(r"\\[`'^\"~vcu]\{?(\w)\}?", r"\1", author.group(1)).replace("{", "").replace("}", "")
+            found.append((plain, year.group(1)))
+    return found
+
+
+def test_every_paper_the_package_names_is_in_the_bibliography():
+    """A docstring that says "Dao et al. (2022)" relies on that paper: the bibliography must list it."""
+    entries = _bib_authors_and_years()
+    cited = re.compile(r"\b([A-Z][a-zA-Z\-]+)(?: et al\.?| (?:&|and) [A-Z][a-zA-Z\-]+)?,? \(?((?:19|20)\d\d)\b")
+    not_papers = {"Table", "Figure", "Eq", "Section", "Llama", "Mistral", "GPT", "In", "The", "See"}
+    missing = set()
+    for path in sorted((ROOT / "attnbook").rglob("*.py")):
+        for name, year in cited.findall(path.read_text()):
+            if name not in not_papers and not any(name in authors and y == year for authors, y in entries):
+                missing.add(f"{path.name}: {name} ({year})")
+    assert not missing, f"papers named in attnbook but missing from references.bib: {sorted(missing)}"
