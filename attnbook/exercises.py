@@ -152,6 +152,44 @@ def _check_ch01_multi_head(student) -> None:
                           f"cross-attention, d_model={d_model}, n_heads={n_heads}, L={L}, S={S}")
 
 
+def _is_number(x) -> bool:
+    """A real Python or NumPy scalar, not a bool and not a tensor."""
+    import numbers
+
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+@register(
+    "ch01-sqrt-dk",
+    hint="q . k is a sum of d_k independent products q_i k_i, each of mean 0 and variance sigma_q^2 sigma_k^2, "
+    "and Var[s X] = s^2 Var[X]: solve s^2 Var[q . k] = 1 and return the positive root as a float.",
+)
+def _check_ch01_sqrt_dk(student) -> None:
+    """``student(d_k, sigma_q, sigma_k)`` must give Var[s q.k] = 1: exactly for components +-sigma (every outcome enumerated), and within 4% in a Monte Carlo estimate for Gaussian ones."""
+    import itertools
+
+    gen = torch.Generator().manual_seed(1)
+    exact = [(1, 1.0, 1.0), (2, 2.0, 1.0), (3, 0.5, 3.0), (5, 1.5, 0.2)]
+    sampled = [(64, 1.0, 1.0), (128, 0.5, 3.0), (16, 2.0, 0.25)]
+    for d_k, sq, sk in exact + sampled:
+        what = f"for d_k={d_k}, sigma_q={sq}, sigma_k={sk}"
+        s = student(d_k, sq, sk)
+        assert _is_number(s), f"{what} return a float, got {type(s).__name__} {s!r}."
+        assert s > 0, f"{what} return the positive scale factor, got {s!r}."
+        if (d_k, sq, sk) in exact:  # components +-sigma with probability 1/2 each: 4^d_k equally likely outcomes
+            signs = torch.tensor(list(itertools.product((-1.0, 1.0), repeat=2 * d_k)), dtype=torch.float64)
+            dots = (sq * signs[:, :d_k] * sk * signs[:, d_k:]).sum(-1)
+            var = ((dots - dots.mean()) ** 2).mean().item()
+            how, tol, needed = f"exact, over all {4 ** d_k} outcomes", 1e-9, f"= {var ** -0.5:.6g}"
+        else:  # Gaussian components, 20,000 draws of (q, k)
+            q, k = sq * torch.randn(20_000, d_k, generator=gen), sk * torch.randn(20_000, d_k, generator=gen)
+            var = (q * k).sum(-1).double().var().item()
+            how, tol, needed = "Monte Carlo, 20,000 draws", 0.04, f"~ {var ** -0.5:.3g}"
+        scaled = float(s) ** 2 * var
+        assert abs(scaled - 1) < tol, (
+            f"{what} your s = {s!r} gives Var[s q.k] = {scaled:.6g} ({how}); it should be 1, which needs s {needed}.")
+
+
 # ---------------------------------------------------------------------------------------------
 # Chapter 2: the quadratic cost
 # ---------------------------------------------------------------------------------------------
@@ -206,6 +244,76 @@ def _check_max_seq_len(student) -> None:
         assert longer > budget, (
             f"for {case} you return n={n}, but n={n + 1} still fits ({longer} bytes <= {budget}): return the largest n."
         )
+
+
+@register(
+    "ch02-projection-crossover",
+    hint="the n^2 terms are the scores and the weighted sum, 2 n^2 d FLOPs each; the four projections cost "
+    "2 n d^2 each. Solve 4 n^2 d = 8 n d^2 for n > 0 and return an int.",
+)
+def _check_projection_crossover(student) -> None:
+    """``student(d_model)`` must return the ``n`` at which the scores and weighted sum of :func:`attnbook.complexity.attention_flops` first cost as much as its four projections, found by trying ``n = 1, 2, 3, ...``."""
+
+    for d in (1, 2, 3, 64, 512, 768, 4096):
+        n = 0
+        while True:  # brute force: the first length whose n^2 terms reach the projections' FLOPs
+            n += 1
+            flops = attention_flops(n, d)
+            quadratic = flops["scores"] + flops["weighted_sum"]
+            projections = flops["qkv_projections"] + flops["output_projection"]
+            if quadratic >= projections:
+                break
+        got = student(d)
+        assert isinstance(got, int) and not isinstance(got, bool), (
+            f"for d_model={d} return the length as an int, got {type(got).__name__} {got!r}.")
+        assert got == n, (
+            f"for d_model={d} you return n={got}; the n^2 terms (scores + weighted sum) first cost as much as the "
+            f"four projections at n = {n}, {quadratic} FLOPs against {projections}.")
+
+
+@register(
+    "ch02-kv-decoding-cost",
+    hint="without a cache step t costs a whole layer on t tokens, 8 t d^2 + 4 t^2 d; with one it costs 8 d^2 "
+    "(four projections of one token) + 4 t d (one query against t keys and t values). Sum over t = 1..T exactly "
+    "(sum t = T(T+1)/2, sum t^2 = T(T+1)(2T+1)/6) with integers. The cache holds K and V: 2 x layers x "
+    "n_kv_heads x (d_model / n_heads) x seq_len x batch x bytes.",
+)
+def _check_kv_decoding_cost(student) -> None:
+    """``(decoding_flops, kv_cache_size)``: the first must equal :func:`attnbook.complexity.attention_flops` summed over the decoding steps without and with a cache, the second the bytes of an :class:`attnbook.kvcache.KVCache` of that shape."""
+    from .kvcache import KVCache
+
+    assert isinstance(student, tuple) and len(student) == 2 and all(map(callable, student)), (
+        "pass the pair of functions (decoding_flops, kv_cache_size) to the check.")
+    decoding_flops, kv_cache_size = student
+    for T, d in [(1, 1), (1, 8), (2, 4), (5, 3), (100, 64), (1000, 768)]:
+        for kv_cache in (False, True):
+            expected = 0
+            for t in range(1, T + 1):  # step t: the t-th token is new, t tokens in all
+                if kv_cache:  # project the new token only, attend to t cached keys and values
+                    new_token = attention_flops(1, d)
+                    attend = attention_flops(1, d, kv_len=t)
+                    expected += (new_token["qkv_projections"] + new_token["output_projection"]
+                                 + attend["scores"] + attend["weighted_sum"])
+                else:  # the whole layer again on the t tokens so far
+                    expected += attention_flops(t, d)["matmul"]
+            got = decoding_flops(T, d, kv_cache=kv_cache)
+            what = f"decoding_flops({T}, {d}, kv_cache={kv_cache})"
+            assert isinstance(got, int) and not isinstance(got, bool), (
+                f"{what}: return an exact int, got {type(got).__name__} {got!r}.")
+            assert got == expected, (
+                f"{what} should be {expected} (the layer's matmul FLOPs summed over steps t = 1..{T}), got {got}.")
+    dtypes = {1: torch.uint8, 2: torch.float16, 4: torch.float32, 8: torch.float64}
+    for n_layers, d, h, h_kv, seq_len, nbytes, batch in [
+        (32, 4096, 32, 32, 4096, 2, 1), (32, 4096, 32, 8, 4096, 2, 1), (1, 1, 1, 1, 1, 1, 1),
+        (12, 768, 12, 12, 1024, 4, 8), (80, 8192, 64, 8, 4096, 2, 3), (2, 64, 8, 1, 10, 8, 2),
+    ]:
+        cache = KVCache(n_layers, batch, h_kv, d // h, seq_len, dtype=dtypes[nbytes], device="meta")  # no memory used
+        expected = sum(t.numel() * t.element_size() for t in (cache.k, cache.v))
+        got = kv_cache_size(n_layers, d, h, h_kv, seq_len, bytes_per_elem=nbytes, batch=batch)
+        what = f"kv_cache_size({n_layers}, {d}, {h}, {h_kv}, {seq_len}, bytes_per_elem={nbytes}, batch={batch})"
+        assert isinstance(got, int) and not isinstance(got, bool), (
+            f"{what}: return the bytes as an int, got {type(got).__name__} {got!r}.")
+        assert got == expected, f"{what} should be {expected} bytes (the K and V buffers of a KVCache), got {got}."
 
 
 # ---------------------------------------------------------------------------------------------
@@ -372,6 +480,42 @@ def _check_ch04_sliding_window_attention(student) -> None:
     )
 
 
+def _layers_until_connected(n: int, w: int, dilated: bool) -> int:
+    """Stack sliding-window layers (dilation 1, or (w + 1) ** l for layer l = 0, 1, ...) until every token reaches every other."""
+    from .sparse import sliding_window_mask
+
+    reach = torch.eye(n, dtype=torch.bool)  # reach[i, j]: the input of token j can influence the output of token i
+    layers = 0
+    while not reach.all():
+        mask = sliding_window_mask(n, w, dilation=(w + 1) ** layers if dilated else 1)
+        reach = (mask.float() @ reach.float()) > 0  # one more layer on top: i sees j if some key of i sees j
+        layers += 1
+    return layers
+
+
+@register(
+    "ch04-graph-depth",
+    hint="plain window: each layer moves information at most w positions, and one token needs no layer at all. "
+    "Dilations 1, w+1, (w+1)^2, ...: k layers reach every offset up to (w+1)^k - 1 (digits 0..w in base w+1). "
+    "Use integers (a loop, or -(-a // b) for a ceiling): math.log(125, 5) is 3.0000000000000004.",
+)
+def _check_ch04_graph_depth(student) -> None:
+    """``student(n, w, dilated)`` must equal the number of stacked :func:`attnbook.sparse.sliding_window_mask` layers after which a breadth-first search (boolean matrix products) finds every token connected to every other."""
+
+    cases = [(1, 1), (2, 1), (3, 1), (5, 1), (7, 3), (64, 4), (256, 2), (100, 99), (10, 50)]
+    cases = [(n, w, False) for n, w in cases] + [
+        (n, w, True) for n, w in [(1, 1), (2, 1), (3, 1), (4, 1), (5, 1), (64, 1), (65, 1), (243, 2), (244, 2),
+                                  (256, 2), (125, 4), (126, 4), (100, 3), (9, 10)]]
+    for n, w, dilated in cases:
+        got = student(n, w, dilated=dilated)
+        what = f"layers_to_connect({n}, {w}, dilated={dilated})"
+        assert isinstance(got, int) and not isinstance(got, bool), (
+            f"{what}: return a number of layers as an int, got {type(got).__name__} {got!r}.")
+        expected = _layers_until_connected(n, w, dilated)
+        assert got == expected, (
+            f"{what} should be {expected} (a breadth-first search over the stacked window masks), got {got}.")
+
+
 # ---------------------------------------------------------------------------------------------
 # Chapter 5: linear and low-rank attention
 # ---------------------------------------------------------------------------------------------
@@ -440,6 +584,46 @@ def _check_performer_features(student) -> None:
     got = torch.as_tensor(student(x, W))
     assert torch.isfinite(got).all(), "features of inputs with a large norm must stay finite (no inf / nan)."
     _assert_close(got, performer_features(x, W), "features of inputs with a large norm", atol=1e-12, rtol=1e-6)
+
+
+def _ch05_products(n: int, M: int, d: int, random_features: bool) -> tuple[list, list]:
+    """The (rows, inner, cols) shapes of the matrix products of one head: linear attention's, then softmax attention's."""
+    linear = [(M, n, d), (n, M, d), (n, M, 1)]  # phi(K)^T V, phi(Q) S, phi(Q) z
+    if random_features:
+        linear += [(n, d, M), (n, d, M)]  # W x~ for the queries and for the keys
+    return linear, [(n, d, n), (n, n, d)]  # Q K^T, A V
+
+
+def _ch05_flops(products: list) -> int:
+    """FLOPs of a list of (rows, inner, cols) matrix products, 2 per multiply-add."""
+    return sum(2 * rows * inner * cols for rows, inner, cols in products)
+
+
+@register(
+    "ch05-crossover",
+    hint="linear attention: phi(K)^T V and phi(Q) S cost 2 n M d each, phi(Q) z costs 2 n M (plus 2 n M d for the "
+    "features of Q and again of K with random_features); softmax: Q K^T and A V cost 2 n^2 d each. Find the smallest "
+    "integer n with linear <= softmax (equality counts), with integer arithmetic.",
+)
+def _check_ch05_crossover(student) -> None:
+    """``student(M, d, random_features)`` must return the first of ``n = 1, 2, 3, ...`` at which linear attention's matmul FLOPs, summed product by product from the shapes, are at most softmax attention's."""
+
+    cases = [(64, 64, False), (266, 64, False), (266, 64, True), (1, 1, False), (1, 1, True), (128, 64, False),
+             (64, 32, False), (32, 64, False), (100, 8, True), (256, 128, True), (3, 1, False)]
+    for M, d, random_features in cases:
+        n = 1
+        while True:  # brute force: the first length at which linear attention is no more expensive
+            linear, softmax = (_ch05_flops(products) for products in _ch05_products(n, M, d, random_features))
+            if linear <= softmax:
+                break
+            n += 1
+        got = student(M, d, random_features=random_features)
+        what = f"flop_crossover({M}, {d}, random_features={random_features})"
+        assert isinstance(got, int) and not isinstance(got, bool), (
+            f"{what}: return a length as an int, got {type(got).__name__} {got!r}.")
+        assert got == n, (
+            f"{what} should be {n}: at n = {n} linear attention costs {linear} matmul FLOPs against softmax "
+            f"attention's {softmax}, and at every shorter length it costs more; you return {got}.")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -587,6 +771,46 @@ def _check_attention_backward(student) -> None:
             _assert_close(g, t.grad, f"{name} for L={L}, S={S}, d={E}", atol=1e-9, rtol=1e-7)
 
 
+def _real_number(value, what: str) -> float:
+    """``value`` as a float if it is a real number (int, float, NumPy scalar; not a bool or a tensor)."""
+    import numbers
+
+    assert isinstance(value, numbers.Real) and not isinstance(value, bool), (
+        f"{what}: return a number (int or float), got {type(value).__name__} {value!r}."
+    )
+    return float(value)
+
+
+@register(
+    "ch07-io-head-dim",
+    hint="for each d: M = sram_bytes // bytes_per_element, B = min(n, max(1, M // (4 d))), traffic = "
+    "2 n d + 2 n d * ceil(n / B) (ceil with integers: -(-n // B)); return traffic(128) / traffic(64).",
+)
+def _check_io_head_dim(student) -> None:
+    """``student(n, sram_bytes, bytes_per_element=2)`` must equal the ratio of :func:`attnbook.flash.hbm_accesses`'s flash counts for d = 128 and d = 64, on eight sizes."""
+    from .flash import hbm_accesses
+
+    cases = [
+        (16384, 192 * 1024, 2),  # the chapter's A100 example: 3.95, not 4
+        (16384, 192 * 1024, 4),  # fp32: tiles half as tall
+        (1000, 192 * 1024, 2),  # n / B is not a whole number: the last tile is ragged
+        (300, 192 * 1024, 2),  # d = 64 fits in one tile (B = n), d = 128 needs two
+        (64, 2**30, 2),  # everything fits: one pass, the traffic is linear in d
+        (100, 1000, 2),  # a tiny SRAM: M // (4 d) is 0, tiles of one row
+        (1, 2**20, 2),
+        (2**16, 256 * 1024, 2),  # an H100 SM
+    ]
+    for n, sram, bpe in cases:
+        flash = {d: hbm_accesses(n, d, sram, bpe)["flash"] for d in (64, 128)}
+        expected = flash[128] / flash[64]
+        what = f"n={n}, sram_bytes={sram}, bytes_per_element={bpe}"
+        got = _real_number(student(n, sram, bytes_per_element=bpe), what)
+        assert abs(got - expected) <= 1e-9 * expected, (
+            f"for {what} you return {got!r}; the flash traffic is {flash[128]} elements at d=128 and "
+            f"{flash[64]} at d=64, a ratio of {expected:.6g}."
+        )
+
+
 # ---------------------------------------------------------------------------------------------
 # Chapter 8: attention in recurrent models
 # ---------------------------------------------------------------------------------------------
@@ -654,6 +878,52 @@ def _check_ch08_local_p(student) -> None:
             actual = student(attn.score.scores(q, k), p, mask, D)
         assert not torch.isnan(torch.as_tensor(actual)).any(), f"B={B}, S={S}, D={D}: your weights contain NaN."
         _assert_close(actual, expected, f"B={B}, S={S}, D={D}")
+
+
+def _recurrent_decoder_macs(d: int, n: int, m: int, window: int) -> tuple[int, int]:
+    """(recurrence, attention) multiply-adds from the tested FLOP counters: vanilla RNN encoder over ``n``
+    steps and decoder over ``m``, plus, at each of the ``m`` output steps, the scores and weighted sum
+    of one query over ``window`` annotations."""
+    from .complexity import attention_flops, rnn_flops
+
+    recurrence = rnn_flops(n, d)["total"] + rnn_flops(m, d)["total"]
+    step = attention_flops(1, d, kv_len=window)  # one decoder query against the annotations
+    attention = m * (step["scores"] + step["weighted_sum"])  # the same cost at each of the m output steps
+    return recurrence // 2, attention // 2  # 2 FLOPs per multiply-add
+
+
+@register(
+    "ch08-attention-cost",
+    hint="the recurrences cost (n + m) * 2 d^2 multiply-adds, the attention m steps of 2 d multiply-adds per "
+    "annotation it reads (n of them, or min(2 D + 1, n) with local attention); set n = m and solve for part 1.",
+)
+def _check_ch08_attention_cost(student) -> None:
+    """``(equal_cost_length(d), recurrence_over_attention(d, n, m, D=None))`` against a search over ``n`` and a count with :func:`attnbook.complexity.rnn_flops` and :func:`attnbook.complexity.attention_flops`."""
+    assert isinstance(student, (tuple, list)) and len(student) == 2, (
+        "pass the pair (equal_cost_length, recurrence_over_attention), got "
+        f"{type(student).__name__}."
+    )
+    equal_cost_length, recurrence_over_attention = student
+    for d in (1, 2, 3, 64, 512):
+        equal = [n for n in range(1, 4 * d + 2) if len(set(_recurrent_decoder_macs(d, n, n, n))) == 1]
+        got = equal_cost_length(d)
+        assert isinstance(got, int) and not isinstance(got, bool), (
+            f"equal_cost_length({d}): return an int, got {type(got).__name__} {got!r}.")
+        if got != equal[0]:
+            costs = "" if got < 1 else ", where the recurrences cost {} and the attention {} multiply-adds".format(
+                *_recurrent_decoder_macs(d, got, got, got))
+            raise AssertionError(f"equal_cost_length({d}) returns {got}{costs}; they are equal at n = m = {equal[0]}.")
+    cases = [(512, 5000, 200, None), (512, 5000, 200, 10), (1, 1, 1, None), (64, 128, 128, None),
+             (16, 5, 7, 10), (32, 100, 50, 0), (1000, 30, 30, None)]
+    for d, n, m, D in cases:
+        rec, att = _recurrent_decoder_macs(d, n, m, n if D is None else min(2 * D + 1, n))
+        what = f"recurrence_over_attention(d={d}, n={n}, m={m}" + ("" if D is None else f", D={D}") + ")"
+        got = recurrence_over_attention(d, n, m) if D is None else recurrence_over_attention(d, n, m, D=D)
+        got = _real_number(got, what)
+        assert abs(got - rec / att) <= 1e-9 * (rec / att), (
+            f"{what} returns {got!r}; the recurrences cost {rec} multiply-adds and the attention {att}: "
+            f"a ratio of {rec / att:.6g}."
+        )
 
 
 
@@ -730,6 +1000,48 @@ def _check_ch09_spatial_gate(student) -> None:
         actual = student(x.clone(), gate.conv.weight.detach().clone())
         assert isinstance(actual, torch.Tensor), f"return a torch.Tensor, got {type(actual).__name__}."
         _assert_close(actual, expected, what)
+
+
+@register(
+    "ch09-conv-heads",
+    hint="the bound 2 (n - 1) / (e^pi + n - 1) * max_abs_x * w_norm decreases in pi; set it equal to tol and solve "
+    "for e^pi (keep the n - 1 in the denominator), and return 0.0 when pi = 0 already meets the tolerance.",
+)
+def _check_ch09_conv_heads(student) -> None:
+    """``student(n, tol, max_abs_x=1.0, w_norm=1.0)`` must return the smallest peak ``pi >= 0`` with ``2 (n-1) / (e^pi + n-1) * max_abs_x * w_norm <= tol``, found by bisection."""
+    import math
+
+    def bound(pi, n, x, w):
+        return 0.0 if n == 1 else 2 * (n - 1) / (math.exp(min(pi, 700.0)) + (n - 1)) * x * w
+
+    def bisect(n, tol, x, w):
+        if bound(0.0, n, x, w) <= tol:
+            return 0.0
+        lo, hi = 0.0, 1.0
+        while bound(hi, n, x, w) > tol:
+            lo, hi = hi, 2 * hi
+        for _ in range(200):
+            mid = (lo + hi) / 2
+            lo, hi = (lo, mid) if bound(mid, n, x, w) <= tol else (mid, hi)
+        return hi
+
+    cases = [
+        (1024, 1e-6, 1.0, 1.0),  # the exercise's numbers
+        (2, 0.5, 1.0, 1.0),  # few pixels: the n - 1 in the denominator matters
+        (16, 1.0, 1.0, 1.0),
+        (4096, 1e-3, 10.0, 9.0),
+        (10**6, 1e-12, 1.0, 1.0),
+        (1, 1e-9, 1.0, 1.0),  # one pixel: no other pixel to leak weight to
+        (64, 2.0, 1.0, 1.0),  # a tolerance so loose that pi = 0 is enough
+    ]
+    for n, tol, x, w in cases:
+        expected = bisect(n, tol, x, w)
+        what = f"n={n}, tol={tol}, max_abs_x={x}, w_norm={w}"
+        got = _real_number(student(n, tol, max_abs_x=x, w_norm=w), what)
+        assert abs(got - expected) <= 1e-6 * max(1.0, expected), (
+            f"for {what} you return pi = {got!r}, where the bound is {bound(got, n, x, w):.4g}; the smallest "
+            f"pi >= 0 with the bound <= tol is {expected:.8g}."
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -897,4 +1209,47 @@ def _check_ch11_ssm_step(student) -> None:
             ys.append(y_t)
         _assert_close(torch.stack(ys, dim=1), y_expected, f"{what}: the outputs y_1..y_{L}", atol=1e-8)
         _assert_close(h, h_expected, f"{what}: the final state", atol=1e-8)
+
+
+def _retention_recurrence(phi_q: torch.Tensor, phi_k: torch.Tensor, v: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Outputs ``y_t = phi(q_t)^T S_t`` of ``S_t = gamma S_{t-1} + phi(k_t) v_t^T`` from ``S_0 = 0``, one step at a time."""
+    state = torch.zeros(phi_k.shape[-1], v.shape[-1], dtype=v.dtype)
+    ys = []
+    for t in range(v.shape[0]):
+        state = gamma * state + torch.outer(phi_k[t], v[t])
+        ys.append(phi_q[t] @ state)
+    return torch.stack(ys)
+
+
+@register(
+    "ch11-linear-attention-ssm",
+    hint="unroll S_t = gamma S_{t-1} + phi(k_t) v_t^T: how many times is key s's write multiplied by gamma before "
+    "output t reads it (none when s = t), and what does output t see of keys s > t? Rows are queries t, columns keys s.",
+)
+def _check_ch11_linear_attention_ssm(student) -> None:
+    """``student(n, gamma)`` -> ``M`` (n, n) such that ``(M * phi(Q) phi(K)^T) V`` equals the decayed recurrence run step by step."""
+    from .linear import elu_feature_map
+
+    gen = torch.Generator().manual_seed(1104)
+    for n, gamma in [(1, 0.9), (2, 0.5), (5, 0.9), (8, 0.3), (9, 0.99), (6, 1.0)]:
+        what = f"n={n}, gamma={gamma}"
+        M = student(n, gamma)
+        assert isinstance(M, torch.Tensor) and M.is_floating_point(), (
+            f"{what}: return a float torch.Tensor, got {type(M).__name__}"
+            + (f" of dtype {M.dtype}." if isinstance(M, torch.Tensor) else ".")
+        )
+        assert M.shape == (n, n), f"{what}: expected shape ({n}, {n}), got {tuple(M.shape)}."
+        M = M.double()
+        # phi = 1 (one feature) and V = I make the recurrence's output y_t[s] the mask entry M[t, s] itself
+        ones = torch.ones(n, 1, dtype=torch.float64)
+        impulse = _retention_recurrence(ones, ones, torch.eye(n, dtype=torch.float64), gamma)
+        wrong = (~torch.isclose(M, impulse, atol=1e-6, rtol=1e-5)).nonzero()
+        assert not len(wrong), (
+            f"{what}: M[t, s] for (t, s) = {tuple(wrong[0].tolist())} should be {impulse[tuple(wrong[0])].item():.6g} "
+            f"(the recurrence's output y_t[s] with phi = 1 and V = I), got {M[tuple(wrong[0])].item():.6g}."
+        )
+        phi_q, phi_k = (elu_feature_map(torch.randn(n, 4, generator=gen, dtype=torch.float64)) for _ in range(2))
+        v = torch.randn(n, n + 2, generator=gen, dtype=torch.float64)
+        _assert_close((M * (phi_q @ phi_k.T)) @ v, _retention_recurrence(phi_q, phi_k, v, gamma),
+                      f"{what}: (M * phi(Q) phi(K)^T) V against the recurrence on random inputs", atol=1e-6)
 
