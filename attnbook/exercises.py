@@ -100,6 +100,25 @@ def _assert_close(actual, expected, what: str, atol: float = 1e-5, rtol: float =
     )
 
 
+def _is_number(x) -> bool:
+    """A real Python or NumPy scalar, not a bool and not a tensor."""
+    import numbers
+
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _real_number(value, what: str) -> float:
+    """``value`` as a float if it is a real number (int, float, NumPy scalar; not a bool or a tensor)."""
+    assert _is_number(value), f"{what}: return a number (int or float), got {type(value).__name__} {value!r}."
+    return float(value)
+
+
+def _assert_int(value, what: str, noun: str = "an int") -> None:
+    """Fail unless ``value`` is a Python int (not a bool, a float or a tensor): exact counts are ints."""
+    assert isinstance(value, int) and not isinstance(value, bool), (
+        f"{what}: return {noun}, got {type(value).__name__} {value!r}.")
+
+
 # ---------------------------------------------------------------------------------------------
 # Chapter 1: attention fundamentals
 # ---------------------------------------------------------------------------------------------
@@ -152,11 +171,6 @@ def _check_ch01_multi_head(student) -> None:
                           f"cross-attention, d_model={d_model}, n_heads={n_heads}, L={L}, S={S}")
 
 
-def _is_number(x) -> bool:
-    """A real Python or NumPy scalar, not a bool and not a tensor."""
-    import numbers
-
-    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @register(
@@ -264,8 +278,7 @@ def _check_projection_crossover(student) -> None:
             if quadratic >= projections:
                 break
         got = student(d)
-        assert isinstance(got, int) and not isinstance(got, bool), (
-            f"for d_model={d} return the length as an int, got {type(got).__name__} {got!r}.")
+        _assert_int(got, f"for d_model={d}", "the length as an int")
         assert got == n, (
             f"for d_model={d} you return n={got}; the n^2 terms (scores + weighted sum) first cost as much as the "
             f"four projections at n = {n}, {quadratic} FLOPs against {projections}.")
@@ -298,8 +311,7 @@ def _check_kv_decoding_cost(student) -> None:
                     expected += attention_flops(t, d)["matmul"]
             got = decoding_flops(T, d, kv_cache=kv_cache)
             what = f"decoding_flops({T}, {d}, kv_cache={kv_cache})"
-            assert isinstance(got, int) and not isinstance(got, bool), (
-                f"{what}: return an exact int, got {type(got).__name__} {got!r}.")
+            _assert_int(got, what, "an exact int")
             assert got == expected, (
                 f"{what} should be {expected} (the layer's matmul FLOPs summed over steps t = 1..{T}), got {got}.")
     dtypes = {1: torch.uint8, 2: torch.float16, 4: torch.float32, 8: torch.float64}
@@ -311,8 +323,7 @@ def _check_kv_decoding_cost(student) -> None:
         expected = sum(t.numel() * t.element_size() for t in (cache.k, cache.v))
         got = kv_cache_size(n_layers, d, h, h_kv, seq_len, bytes_per_elem=nbytes, batch=batch)
         what = f"kv_cache_size({n_layers}, {d}, {h}, {h_kv}, {seq_len}, bytes_per_elem={nbytes}, batch={batch})"
-        assert isinstance(got, int) and not isinstance(got, bool), (
-            f"{what}: return the bytes as an int, got {type(got).__name__} {got!r}.")
+        _assert_int(got, what, "the bytes as an int")
         assert got == expected, f"{what} should be {expected} bytes (the K and V buffers of a KVCache), got {got}."
 
 
@@ -509,8 +520,7 @@ def _check_ch04_graph_depth(student) -> None:
     for n, w, dilated in cases:
         got = student(n, w, dilated=dilated)
         what = f"layers_to_connect({n}, {w}, dilated={dilated})"
-        assert isinstance(got, int) and not isinstance(got, bool), (
-            f"{what}: return a number of layers as an int, got {type(got).__name__} {got!r}.")
+        _assert_int(got, what, "a number of layers as an int")
         expected = _layers_until_connected(n, w, dilated)
         assert got == expected, (
             f"{what} should be {expected} (a breadth-first search over the stacked window masks), got {got}.")
@@ -619,8 +629,7 @@ def _check_ch05_crossover(student) -> None:
             n += 1
         got = student(M, d, random_features=random_features)
         what = f"flop_crossover({M}, {d}, random_features={random_features})"
-        assert isinstance(got, int) and not isinstance(got, bool), (
-            f"{what}: return a length as an int, got {type(got).__name__} {got!r}.")
+        _assert_int(got, what, "a length as an int")
         assert got == n, (
             f"{what} should be {n}: at n = {n} linear attention costs {linear} matmul FLOPs against softmax "
             f"attention's {softmax}, and at every shorter length it costs more; you return {got}.")
@@ -771,16 +780,6 @@ def _check_attention_backward(student) -> None:
             _assert_close(g, t.grad, f"{name} for L={L}, S={S}, d={E}", atol=1e-9, rtol=1e-7)
 
 
-def _real_number(value, what: str) -> float:
-    """``value`` as a float if it is a real number (int, float, NumPy scalar; not a bool or a tensor)."""
-    import numbers
-
-    assert isinstance(value, numbers.Real) and not isinstance(value, bool), (
-        f"{what}: return a number (int or float), got {type(value).__name__} {value!r}."
-    )
-    return float(value)
-
-
 @register(
     "ch07-io-head-dim",
     hint="for each d: M = sram_bytes // bytes_per_element, B = min(n, max(1, M // (4 d))), traffic = "
@@ -907,8 +906,7 @@ def _check_ch08_attention_cost(student) -> None:
     for d in (1, 2, 3, 64, 512):
         equal = [n for n in range(1, 4 * d + 2) if len(set(_recurrent_decoder_macs(d, n, n, n))) == 1]
         got = equal_cost_length(d)
-        assert isinstance(got, int) and not isinstance(got, bool), (
-            f"equal_cost_length({d}): return an int, got {type(got).__name__} {got!r}.")
+        _assert_int(got, f"equal_cost_length({d})")
         if got != equal[0]:
             costs = "" if got < 1 else ", where the recurrences cost {} and the attention {} multiply-adds".format(
                 *_recurrent_decoder_macs(d, got, got, got))

@@ -209,7 +209,7 @@ def test_ch02_projection_crossover_rejects_the_recurrent_crossover_a_float_and_a
     assert not result and "for d_model=1 you return n=1" in result.message
     assert "first cost as much as the four projections at n = 2, 16 FLOPs against 16." in result.message
     result = check("ch02-projection-crossover", lambda d: 2.0 * d)
-    assert not result and "for d_model=1 return the length as an int, got float 2.0" in result.message
+    assert not result and "for d_model=1: return the length as an int, got float 2.0" in result.message
     result = check("ch02-projection-crossover", lambda d: 2 * d + 1)
     assert not result and "you return n=3" in result.message and "at n = 2" in result.message
 
