@@ -19,6 +19,8 @@ from typing import Callable
 
 import torch
 
+from .utils import largest_new_tensor
+
 __all__ = ["CheckResult", "register", "check", "labels", "CHECKS"]
 
 
@@ -423,25 +425,6 @@ def _check_ch04_dilated_window(student) -> None:
         assert not len(wrong), f"{what}: entry (i, j) = {tuple(wrong[0].tolist())} should be {bool(expected[tuple(wrong[0])])}."
 
 
-def _largest_new_tensor(fn, *args) -> int:
-    """Run ``fn(*args)`` and return the largest number of elements of any tensor an operation created."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Largest(TorchDispatchMode):
-        numel = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for t in out if isinstance(out, (tuple, list)) else (out,):
-                if isinstance(t, torch.Tensor):
-                    Largest.numel = max(Largest.numel, t.numel())
-            return out
-
-    with Largest():
-        fn(*args)
-    return Largest.numel
-
-
 @register(
     "ch04-local-attention",
     hint="reshape q, k, v from (..., n, d) to (..., n // block_size, block_size, d), run ordinary scaled "
@@ -460,7 +443,7 @@ def _check_ch04_local_attention(student) -> None:
                       f"q of shape {shape}, block_size={block}")
     n, block, dim = 2048, 16, 8
     q, k, v = (torch.randn(n, dim, generator=gen) for _ in range(3))
-    largest = _largest_new_tensor(student, q, k, v, block)
+    largest = largest_new_tensor(student, q, k, v, block)
     assert largest <= n * block * dim, (
         f"for n={n}, block_size={block} your code made a tensor of {largest} elements: "
         f"local attention needs only n * block_size scores, not n^2 = {n * n}."
@@ -484,7 +467,7 @@ def _check_ch04_sliding_window_attention(student) -> None:
         _assert_close(student(q, k, v, window), expected, f"q of shape {shape}, window={window}")
     n, window, dim = 2048, 4, 8
     q, k, v = (torch.randn(n, dim, generator=gen) for _ in range(3))
-    largest = _largest_new_tensor(student, q, k, v, window)
+    largest = largest_new_tensor(student, q, k, v, window)
     assert largest <= n * (2 * window + 1) * dim, (
         f"for n={n}, window={window} your code made a tensor of {largest} elements: "
         f"memory must be O(n * window), not O(n^2) = {n * n}."

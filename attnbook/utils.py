@@ -1,4 +1,5 @@
-"""Small helpers every chapter uses: reproducible seeds, the default device, showing source code."""
+"""Small helpers every chapter uses: reproducible seeds, the default device, showing source code,
+and the size of the largest tensor a computation creates (how the memory claims are tested)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import random
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "default_device", "show_source"]
+__all__ = ["seed_everything", "default_device", "show_source", "largest_new_tensor"]
 
 
 def seed_everything(seed: int = 0) -> torch.Generator:
@@ -51,3 +52,28 @@ def show_source(obj) -> str:
         pass
     print(source)
     return source
+
+
+def largest_new_tensor(fn, *args, **kwargs) -> int:
+    """Run ``fn(*args, **kwargs)`` and return the largest number of elements of any tensor an operation created.
+
+    Every ATen operation is intercepted (``TorchDispatchMode``), so a function that claims never to
+    form an ``L x S`` score matrix can be checked: its result here stays below ``L * S``. The inputs
+    themselves are not counted, only what the operations produce (views included: ``x[:3]`` of a
+    ``(100, 100)`` tensor counts 300 elements).
+    """
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Largest(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(t, torch.Tensor):
+                    Largest.numel = max(Largest.numel, t.numel())
+            return out
+
+    with Largest():
+        fn(*args, **kwargs)
+    return Largest.numel

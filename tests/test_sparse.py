@@ -13,7 +13,6 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from attnbook.core import scaled_dot_product_attention as dense_attention
 from attnbook.sparse import (
@@ -29,27 +28,13 @@ from attnbook.sparse import (
     sliding_window_mask,
     sliding_window_attention,
 )
+from attnbook.utils import largest_new_tensor
 
 TIGHT = dict(atol=1e-10, rtol=1e-8)  # float64 throughout, unless a test says otherwise
 
 
 def randn(*shape, gen, dtype=torch.float64):
     return torch.randn(*shape, generator=gen, dtype=torch.float64).to(dtype)
-
-
-class LargestTensor(TorchDispatchMode):
-    """Records the largest number of elements of any tensor an operation produced."""
-
-    def __init__(self):
-        super().__init__()
-        self.largest = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        for t in out if isinstance(out, (tuple, list)) else (out,):
-            if isinstance(t, torch.Tensor):
-                self.largest = max(self.largest, t.numel())
-        return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,9 +168,8 @@ def test_block_sparse_never_forms_an_L_by_S_tensor(gen):
     n, block = 8192, 64  # long enough that the fixed-size chunks of scores are far below n^2
     block_mask = bigbird_block_mask(n // block, generator=gen)
     q, k, v = (torch.randn(1, 1, n, 16, generator=gen) for _ in range(3))
-    with LargestTensor() as trace:
-        block_sparse_attention(q, k, v, block_mask, block)
-    assert trace.largest < n * n / 32, f"largest intermediate has {trace.largest} elements; n^2 = {n * n}"
+    largest = largest_new_tensor(block_sparse_attention, q, k, v, block_mask, block)
+    assert largest < n * n / 32, f"largest intermediate has {largest} elements; n^2 = {n * n}"
 
 
 @pytest.mark.parametrize(
@@ -217,9 +201,8 @@ def test_sliding_window_attention_matches_dense(n, window, causal, gen):
 def test_sliding_window_attention_memory_is_linear(gen):
     n, window = 4096, 8
     q, k, v = (torch.randn(1, n, 16, generator=gen) for _ in range(3))
-    with LargestTensor() as trace:
-        sliding_window_attention(q, k, v, window)
-    assert trace.largest <= n * (2 * window + 1) * 16, f"largest intermediate has {trace.largest} elements"
+    largest = largest_new_tensor(sliding_window_attention, q, k, v, window)
+    assert largest <= n * (2 * window + 1) * 16, f"largest intermediate has {largest} elements"
 
 
 def test_sliding_window_attention_errors(gen):

@@ -50,3 +50,11 @@ def test_show_source_returns_and_prints_the_source(capsys):
 def test_show_source_rejects_builtins():
     with pytest.raises(TypeError):
         utils.show_source(len)
+
+
+def test_largest_new_tensor_counts_what_operations_create_not_the_inputs():
+    big = torch.zeros(10_000)
+    assert utils.largest_new_tensor(lambda x: x[:5] * 2, big) == 5  # the 10,000-element input is not counted
+    assert utils.largest_new_tensor(lambda: (torch.ones(7, 9) @ torch.ones(9, 2)).sum()) == 63
+    assert utils.largest_new_tensor(torch.split, torch.arange(12.0).view(4, 3), 1) == 3  # a tuple of outputs
+    assert utils.largest_new_tensor(lambda: None) == 0
