@@ -8,7 +8,7 @@ markers, followed by a check cell::
         return scores.softmax(-1)
         ### END SOLUTION
 
-    attnbook.exercises.check("ch01-softmax", my_softmax)       # check cell
+    attnbook.exercises.check("attention-masked-softmax", my_softmax) # check cell
 
 Two commands turn the book into a course (a third exports it to nbgrader)::
 
@@ -83,8 +83,8 @@ the grader looks for them.
 
 ## Submitting
 1. Restart the kernel and run all cells, so the notebook runs top to bottom without your help.
-2. Save it under its original file name (e.g. `01_attention.ipynb`).
-3. Hand in your notebooks in a folder named after you, e.g. `ada_lovelace/01_attention.ipynb`.
+2. Save it under its original file name (e.g. `attention.ipynb`).
+3. Hand in your notebooks in a folder named after you, e.g. `ada_lovelace/attention.ipynb`.
 
 The grader re-runs every submitted notebook in a fresh kernel (each cell has a time limit, 120 s by
 default) and records every check: passed, failed, or "check did not run" when the notebook

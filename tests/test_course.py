@@ -207,9 +207,9 @@ def test_stub_fails_its_check_and_solution_passes(registry):
 
 
 def test_expected_labels_in_order_without_duplicates():
-    nb = chapter(between=[CHECK_DOUBLE, "from attnbook.exercises import check\ncheck( 'ch01-spaced',  f)"])
+    nb = chapter(between=[CHECK_DOUBLE, "from attnbook.exercises import check\ncheck( 'attention-spaced',  f)"])
     nb.cells.append(new_markdown_cell('check("in-markdown", f)'))
-    assert course.expected_labels(nb) == ["test-double", "ch01-spaced", "test-clip"]
+    assert course.expected_labels(nb) == ["test-double", "attention-spaced", "test-clip"]
 
 
 def test_every_book_notebook_strips_cleanly():
@@ -476,8 +476,8 @@ def test_instructor_day_one_with_chapter_one(tmp_path):
     """Bundle Chapter 1, hand in one right and one broken notebook, grade them: CSV and feedback agree."""
     bundle, subs = tmp_path / "bundle", tmp_path / "submissions"
     assert course.main(["student", str(bundle), "--book", str(ROOT / "book")]) == 0
-    blank = nbformat.read(bundle / "01_attention.ipynb", as_version=4)
-    book = {cell.get("id"): cell for cell in nbformat.read(ROOT / "book" / "01_attention.ipynb", as_version=4).cells}
+    blank = nbformat.read(bundle / "attention.ipynb", as_version=4)
+    book = {cell.get("id"): cell for cell in nbformat.read(ROOT / "book" / "attention.ipynb", as_version=4).cells}
     stubbed = [cell for cell in blank.cells if course.STUB in cell.source]
     assert len(stubbed) >= 2, "Chapter 1 should have at least two coding exercises"
     labels = course.expected_labels(blank)
@@ -491,7 +491,7 @@ def test_instructor_day_one_with_chapter_one(tmp_path):
     first.source = first.source.replace(course.STUB, "return scores.softmax(-1)  # forgot the mask and temperature")
     for name, nb in [("ada", ada), ("bob", bob)]:
         (subs / name).mkdir(parents=True)
-        nbformat.write(nb, subs / name / "01_attention.ipynb")
+        nbformat.write(nb, subs / name / "attention.ipynb")
 
     out = tmp_path / "grades.csv"
     assert course.main(["grade", str(subs), "--out", str(out), "--book", str(ROOT / "book"), "--timeout", "120"]) == 0
@@ -506,7 +506,7 @@ def test_instructor_day_one_with_chapter_one(tmp_path):
     broken = [cell for cell in carl.cells if cell.get("id") == stubbed[1].get("id")][0]
     broken.source = broken.source.replace("### BEGIN SOLUTION", "x = (  # unfinished\n    ### BEGIN SOLUTION", 1)
     (subs / "carl").mkdir()
-    nbformat.write(carl, subs / "carl" / "01_attention.ipynb")
+    nbformat.write(carl, subs / "carl" / "attention.ipynb")
     carl_rows = {r["label"]: r for r in course.grade([subs / "carl"], tmp_path / "carl.csv", book_dir=ROOT / "book")}
     assert carl_rows[labels[0]]["passed"] == 1
     assert carl_rows[labels[1]]["message"].startswith(f"{course.NOT_RUN}: its cell raised NameError: name ")

@@ -91,11 +91,11 @@ def test_every_check_appends_a_json_line_to_the_grade_log(registry, tmp_path, mo
 
 
 def test_assert_close_names_the_shape_or_the_error():
-    exercises._assert_close(torch.ones(2), torch.ones(2) + 1e-7, "weights")
+    exercises.common.assert_close(torch.ones(2), torch.ones(2) + 1e-7, "weights")
     with pytest.raises(AssertionError, match=r"weights: expected shape \(3,\), got \(2,\)"):
-        exercises._assert_close(torch.ones(2), torch.ones(3), "weights")
+        exercises.common.assert_close(torch.ones(2), torch.ones(3), "weights")
     with pytest.raises(AssertionError, match="weights: values differ .max abs error 0.5"):
-        exercises._assert_close(torch.ones(2), torch.tensor([1.0, 1.5]), "weights")
+        exercises.common.assert_close(torch.ones(2), torch.tensor([1.0, 1.5]), "weights")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -183,34 +183,34 @@ def test_every_solution_passes_and_every_stub_fails():
 # ---------------------------------------------------------------------------------------------
 # Wrong answers fail: checks for the computable parts of exercises that were written-only
 # ---------------------------------------------------------------------------------------------
-# (chapters 1-5)
-def test_ch01_sqrt_dk_rejects_ignoring_the_sigmas_a_missing_root_a_negative_s_and_a_tensor(capsys):
+# (fundamentals to linear attention)
+def test_attention_sqrt_dk_rejects_ignoring_the_sigmas_a_missing_root_a_negative_s_and_a_tensor(capsys):
     import math
 
-    assert check("ch01-sqrt-dk", lambda d_k, sq, sk: 1 / (sq * sk * math.sqrt(d_k)))
-    result = check("ch01-sqrt-dk", lambda d_k, sq, sk: 1 / math.sqrt(d_k))  # right only for unit variances
+    assert check("attention-sqrt-dk", lambda d_k, sq, sk: 1 / (sq * sk * math.sqrt(d_k)))
+    result = check("attention-sqrt-dk", lambda d_k, sq, sk: 1 / math.sqrt(d_k))  # right only for unit variances
     assert not result and "for d_k=2, sigma_q=2.0, sigma_k=1.0 your s = 0.7071067811865475" in result.message
     assert "gives Var[s q.k] = 4 (exact, over all 16 outcomes); it should be 1, which needs s = 0.353553." in result.message
-    result = check("ch01-sqrt-dk", lambda d_k, sq, sk: 1 / (sq * sk * d_k))  # 1 / d_k instead of 1 / sqrt(d_k)
+    result = check("attention-sqrt-dk", lambda d_k, sq, sk: 1 / (sq * sk * d_k))  # 1 / d_k instead of 1 / sqrt(d_k)
     assert not result and "your s = 0.25 gives Var[s q.k] = 0.5 (exact" in result.message
-    result = check("ch01-sqrt-dk", lambda d_k, sq, sk: -1 / (sq * sk * math.sqrt(d_k)))
+    result = check("attention-sqrt-dk", lambda d_k, sq, sk: -1 / (sq * sk * math.sqrt(d_k)))
     assert not result and "return the positive scale factor, got -1.0" in result.message
-    result = check("ch01-sqrt-dk", lambda d_k, sq, sk: torch.tensor(1 / (sq * sk * math.sqrt(d_k))))
+    result = check("attention-sqrt-dk", lambda d_k, sq, sk: torch.tensor(1 / (sq * sk * math.sqrt(d_k))))
     assert not result and "return a float, got Tensor" in result.message
     large_dk_wrong = lambda d_k, sq, sk: 1 / (sq * sk * math.sqrt(d_k)) if d_k < 100 else 1 / math.sqrt(d_k)  # noqa: E731
-    result = check("ch01-sqrt-dk", large_dk_wrong)  # only the Monte Carlo cases see it
+    result = check("attention-sqrt-dk", large_dk_wrong)  # only the Monte Carlo cases see it
     assert not result and "for d_k=128, sigma_q=0.5, sigma_k=3.0" in result.message
     assert "(Monte Carlo, 20,000 draws); it should be 1, which needs s ~ 0.05" in result.message  # 1 / 16.97 = 0.0589
 
 
-def test_ch02_projection_crossover_rejects_the_recurrent_crossover_a_float_and_an_off_by_one(capsys):
-    assert check("ch02-projection-crossover", lambda d: 2 * d)
-    result = check("ch02-projection-crossover", lambda d: d)  # crossover_length's comparison, not this one
+def test_complexity_projection_crossover_rejects_the_recurrent_crossover_a_float_and_an_off_by_one(capsys):
+    assert check("complexity-projection-crossover", lambda d: 2 * d)
+    result = check("complexity-projection-crossover", lambda d: d)  # crossover_length's comparison, not this one
     assert not result and "for d_model=1 you return n=1" in result.message
     assert "first cost as much as the four projections at n = 2, 16 FLOPs against 16." in result.message
-    result = check("ch02-projection-crossover", lambda d: 2.0 * d)
+    result = check("complexity-projection-crossover", lambda d: 2.0 * d)
     assert not result and "for d_model=1: return the length as an int, got float 2.0" in result.message
-    result = check("ch02-projection-crossover", lambda d: 2 * d + 1)
+    result = check("complexity-projection-crossover", lambda d: 2 * d + 1)
     assert not result and "you return n=3" in result.message and "at n = 2" in result.message
 
 
@@ -233,30 +233,30 @@ def _kv_cache_size(factor=2, heads="kv"):
     return kv_cache_size
 
 
-def test_ch02_kv_decoding_cost_rejects_leading_order_totals_and_a_cache_without_values_or_gqa(capsys):
-    assert check("ch02-kv-decoding-cost", (_decoding_flops(), _kv_cache_size()))
-    result = check("ch02-kv-decoding-cost", (_decoding_flops(leading_order=True), _kv_cache_size()))
+def test_complexity_kv_decoding_cost_rejects_leading_order_totals_and_a_cache_without_values_or_gqa(capsys):
+    assert check("complexity-kv-decoding-cost", (_decoding_flops(), _kv_cache_size()))
+    result = check("complexity-kv-decoding-cost", (_decoding_flops(leading_order=True), _kv_cache_size()))
     assert not result and "decoding_flops(1, 1, kv_cache=False) should be 12" in result.message
     assert "summed over steps t = 1..1), got 5." in result.message
     exact_without = _decoding_flops()
     leading_with = lambda T, d, kv_cache=False: (  # noqa: E731
         _decoding_flops(leading_order=True)(T, d, True) if kv_cache else exact_without(T, d))
-    result = check("ch02-kv-decoding-cost", (leading_with, _kv_cache_size()))
+    result = check("complexity-kv-decoding-cost", (leading_with, _kv_cache_size()))
     assert not result and "decoding_flops(1, 1, kv_cache=True) should be 12" in result.message and "got 10." in result.message
-    result = check("ch02-kv-decoding-cost", (_decoding_flops(cache_steps_from_zero=True), _kv_cache_size()))
+    result = check("complexity-kv-decoding-cost", (_decoding_flops(cache_steps_from_zero=True), _kv_cache_size()))
     assert not result and "decoding_flops(1, 1, kv_cache=True) should be 12" in result.message and "got 8." in result.message
-    result = check("ch02-kv-decoding-cost", (lambda T, d, kv_cache=False: float(exact_without(T, d)), _kv_cache_size()))
+    result = check("complexity-kv-decoding-cost", (lambda T, d, kv_cache=False: float(exact_without(T, d)), _kv_cache_size()))
     assert not result and "decoding_flops(1, 1, kv_cache=False): return an exact int, got float 12.0." in result.message
-    result = check("ch02-kv-decoding-cost", (_decoding_flops(), _kv_cache_size(factor=1)))  # keys only
+    result = check("complexity-kv-decoding-cost", (_decoding_flops(), _kv_cache_size(factor=1)))  # keys only
     assert not result and "kv_cache_size(32, 4096, 32, 32, 4096, bytes_per_elem=2, batch=1) should be 2147483648" in result.message
-    result = check("ch02-kv-decoding-cost", (_decoding_flops(), _kv_cache_size(heads="all")))  # ignores GQA
+    result = check("complexity-kv-decoding-cost", (_decoding_flops(), _kv_cache_size(heads="all")))  # ignores GQA
     assert not result and "kv_cache_size(32, 4096, 32, 8, 4096, bytes_per_elem=2, batch=1) should be 536870912" in result.message
     assert "got 2147483648." in result.message
-    result = check("ch02-kv-decoding-cost", _decoding_flops())
+    result = check("complexity-kv-decoding-cost", _decoding_flops())
     assert not result and "pass the pair of functions (decoding_flops, kv_cache_size)" in result.message
 
 
-def test_ch04_graph_depth_rejects_a_floor_the_base_2w_plus_1_formula_and_float_logarithms(capsys):
+def test_sparse_graph_depth_rejects_a_floor_the_base_2w_plus_1_formula_and_float_logarithms(capsys):
     import math
 
     def layers(n, w, dilated=False, plain=lambda n, w: -(-(n - 1) // w), dilated_fn=None):
@@ -269,43 +269,43 @@ def test_ch04_graph_depth_rejects_a_floor_the_base_2w_plus_1_formula_and_float_l
             k += 1
         return k
 
-    assert check("ch04-graph-depth", layers)
-    result = check("ch04-graph-depth", lambda n, w, dilated=False: layers(n, w, dilated, plain=lambda n, w: n // w))
+    assert check("sparse-graph-depth", layers)
+    result = check("sparse-graph-depth", lambda n, w, dilated=False: layers(n, w, dilated, plain=lambda n, w: n // w))
     assert not result and "layers_to_connect(1, 1, dilated=False) should be 0" in result.message and "got 1." in result.message
-    result = check("ch04-graph-depth", lambda n, w, dilated=False: layers(n, w, dilated, plain=lambda n, w: (n - 1) // w))
+    result = check("sparse-graph-depth", lambda n, w, dilated=False: layers(n, w, dilated, plain=lambda n, w: (n - 1) // w))
     assert not result and "layers_to_connect(64, 4, dilated=False) should be 16" in result.message
     base_2w1 = lambda n, w: 0 if n == 1 else math.ceil(math.log(2 * n - 1, 2 * w + 1))  # noqa: E731
-    result = check("ch04-graph-depth", lambda n, w, dilated=False: layers(n, w, dilated, dilated_fn=base_2w1))
+    result = check("sparse-graph-depth", lambda n, w, dilated=False: layers(n, w, dilated, dilated_fn=base_2w1))
     assert not result and "layers_to_connect(5, 1, dilated=True) should be 3" in result.message
     assert "(a breadth-first search over the stacked window masks), got 2." in result.message
     float_log = lambda n, w: math.ceil(math.log(n, w + 1))  # noqa: E731
-    result = check("ch04-graph-depth", lambda n, w, dilated=False: layers(n, w, dilated, dilated_fn=float_log))
+    result = check("sparse-graph-depth", lambda n, w, dilated=False: layers(n, w, dilated, dilated_fn=float_log))
     assert not result and "layers_to_connect(125, 4, dilated=True) should be 3" in result.message and "got 4." in result.message
-    result = check("ch04-graph-depth", lambda n, w, dilated=False: float(layers(n, w, dilated)))
+    result = check("sparse-graph-depth", lambda n, w, dilated=False: float(layers(n, w, dilated)))
     assert not result and "layers_to_connect(1, 1, dilated=False): return a number of layers as an int" in result.message
 
 
-def test_ch05_crossover_rejects_the_leading_order_a_strict_inequality_and_forgotten_features(capsys):
+def test_linear_crossover_rejects_the_leading_order_a_strict_inequality_and_forgotten_features(capsys):
     def crossover(M, d, random_features=False):
         c = 2 if random_features else 1
         return -(-(4 * c * M * d + 2 * M) // (4 * d))
 
-    assert check("ch05-crossover", crossover)
-    result = check("ch05-crossover", lambda M, d, random_features=False: M * (2 if random_features else 1))
+    assert check("linear-crossover", crossover)
+    result = check("linear-crossover", lambda M, d, random_features=False: M * (2 if random_features else 1))
     assert not result and "flop_crossover(64, 64, random_features=False) should be 65" in result.message
     assert "at n = 65 linear attention costs 1073280 matmul FLOPs against softmax attention's 1081600" in result.message
     strict = lambda M, d, random_features=False: (  # noqa: E731
         (4 * (2 if random_features else 1) * M * d + 2 * M) // (4 * d) + 1)  # linear < softmax: one too far at equality
-    result = check("ch05-crossover", strict)
+    result = check("linear-crossover", strict)
     assert not result and "flop_crossover(128, 64, random_features=False) should be 129" in result.message
     assert "costs 4260096 matmul FLOPs against softmax attention's 4260096" in result.message and "you return 130" in result.message
-    result = check("ch05-crossover", lambda M, d, random_features=False: crossover(M, d))  # features not counted
+    result = check("linear-crossover", lambda M, d, random_features=False: crossover(M, d))  # features not counted
     assert not result and "flop_crossover(266, 64, random_features=True) should be 535" in result.message
-    result = check("ch05-crossover", lambda M, d, random_features=False: M + M / (2 * d))
+    result = check("linear-crossover", lambda M, d, random_features=False: M + M / (2 * d))
     assert not result and "flop_crossover(64, 64, random_features=False): return a length as an int, got float 64.5" in result.message
 
 
-def test_ch05_crossover_counts_the_products_that_attnbook_runs():
+def test_linear_crossover_counts_the_products_that_attnbook_runs():
     """The check's product lists give exactly the FLOPs torch counts in attnbook's linear and softmax attention."""
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -322,11 +322,11 @@ def test_ch05_crossover_counts_the_products_that_attnbook_runs():
         q, k, v = (torch.randn(n, d, generator=gen) for _ in range(3))
         W = torch.randn(M, d, generator=gen)
         features = (lambda x: performer_features(x, W)) if random_features else (lambda x: torch.ones(*x.shape[:-1], M))
-        linear, softmax = exercises._ch05_products(n, M, d, random_features)
-        assert counted(linear_attention, q, k, v, feature_map=features) == exercises._ch05_flops(linear)
-        assert counted(scaled_dot_product_attention, q, k, v) == exercises._ch05_flops(softmax)
+        linear, softmax = exercises.linear.counted_products(n, M, d, random_features)
+        assert counted(linear_attention, q, k, v, feature_map=features) == exercises.linear.flops_of(linear)
+        assert counted(scaled_dot_product_attention, q, k, v) == exercises.linear.flops_of(softmax)
 
-# (chapters 7-11)
+# (FlashAttention to the connections chapter)
 def _flash_traffic_ratio(streaming_only=False, real_division=False):
     """The ratio of flash HBM traffic at d = 128 and d = 64, right or with one of two slips."""
 
@@ -341,16 +341,16 @@ def _flash_traffic_ratio(streaming_only=False, real_division=False):
     return ratio
 
 
-def test_ch07_io_head_dim_rejects_the_asymptotic_four_and_a_missing_ceiling(capsys):
-    assert check("ch07-io-head-dim", _flash_traffic_ratio())
-    result = check("ch07-io-head-dim", lambda n, sram_bytes, bytes_per_element=2: 4.0)  # d^2 alone
+def test_flash_io_head_dim_rejects_the_asymptotic_four_and_a_missing_ceiling(capsys):
+    assert check("flash-io-head-dim", _flash_traffic_ratio())
+    result = check("flash-io-head-dim", lambda n, sram_bytes, bytes_per_element=2: 4.0)  # d^2 alone
     assert not result and "for n=16384, sram_bytes=196608, bytes_per_element=2 you return 4.0" in result.message
     assert "a ratio of 3.95455" in result.message
-    result = check("ch07-io-head-dim", _flash_traffic_ratio(real_division=True))  # N / B tiles, not ceil(N / B)
+    result = check("flash-io-head-dim", _flash_traffic_ratio(real_division=True))  # N / B tiles, not ceil(N / B)
     assert not result and "a ratio of 3.95455" in result.message and "you return 3.954" in result.message
-    result = check("ch07-io-head-dim", _flash_traffic_ratio(streaming_only=True))  # forgets reading Q, writing O
+    result = check("flash-io-head-dim", _flash_traffic_ratio(streaming_only=True))  # forgets reading Q, writing O
     assert not result and "n=16384" in result.message and "you return 4.0; the flash traffic is 364904448" in result.message
-    result = check("ch07-io-head-dim", lambda n, s, bytes_per_element=2: torch.tensor(3.95))
+    result = check("flash-io-head-dim", lambda n, s, bytes_per_element=2: torch.tensor(3.95))
     assert not result and "return a number (int or float), got Tensor" in result.message
 
 
@@ -358,41 +358,41 @@ def _recurrence_over_attention(d, n, m, D=None):
     return (n + m) * 2 * d * d / (2 * (n if D is None else min(2 * D + 1, n)) * m * d)
 
 
-def test_ch08_attention_cost_rejects_the_self_attention_crossover_and_an_unclamped_window(capsys):
-    assert check("ch08-attention-cost", (lambda d: 2 * d, _recurrence_over_attention))
-    result = check("ch08-attention-cost", (lambda d: d, _recurrence_over_attention))  # Chapter 2's n = d
+def test_rnn_attention_cost_rejects_the_self_attention_crossover_and_an_unclamped_window(capsys):
+    assert check("rnn-attention-cost", (lambda d: 2 * d, _recurrence_over_attention))
+    result = check("rnn-attention-cost", (lambda d: d, _recurrence_over_attention))  # the cost chapter's n = d
     assert not result and "equal_cost_length(1) returns 1" in result.message
     assert "recurrences cost 4 and the attention 2 multiply-adds; they are equal at n = m = 2" in result.message
-    result = check("ch08-attention-cost", (lambda d: 2.0 * d, _recurrence_over_attention))
+    result = check("rnn-attention-cost", (lambda d: 2.0 * d, _recurrence_over_attention))
     assert not result and "equal_cost_length(1): return an int, got float 2.0" in result.message
     inverted = lambda d, n, m, D=None: 1 / _recurrence_over_attention(d, n, m, D)  # noqa: E731
-    result = check("ch08-attention-cost", (lambda d: 2 * d, inverted))
+    result = check("rnn-attention-cost", (lambda d: 2 * d, inverted))
     assert not result and "recurrence_over_attention(d=512, n=5000, m=200) returns 0.3756" in result.message
     assert "a ratio of 2.6624" in result.message
     unclamped = lambda d, n, m, D=None: (n + m) * d / ((n if D is None else 2 * D + 1) * m)  # noqa: E731
-    result = check("ch08-attention-cost", (lambda d: 2 * d, unclamped))
+    result = check("rnn-attention-cost", (lambda d: 2 * d, unclamped))
     assert not result and "recurrence_over_attention(d=16, n=5, m=7, D=10)" in result.message
-    result = check("ch08-attention-cost", _recurrence_over_attention)
+    result = check("rnn-attention-cost", _recurrence_over_attention)
     assert not result and "pass the pair (equal_cost_length, recurrence_over_attention)" in result.message
 
 
-def test_ch09_conv_heads_rejects_the_loose_bound_and_a_missing_factor_two(capsys):
+def test_vision_conv_heads_rejects_the_loose_bound_and_a_missing_factor_two(capsys):
     import math
 
     def peak(n, tol, max_abs_x=1.0, w_norm=1.0, factor=2.0):
         scale = factor * max_abs_x * w_norm
         return 0.0 if scale * (n - 1) / n <= tol else math.log((n - 1) * (scale / tol - 1))
 
-    assert check("ch09-conv-heads", peak)
+    assert check("vision-conv-heads", peak)
     loose = lambda n, tol, max_abs_x=1.0, w_norm=1.0: math.log(2 * (n - 1) * max_abs_x * w_norm / tol)  # noqa: E731
-    result = check("ch09-conv-heads", loose)  # eps <= (n - 1) e^-pi: right to six digits at n = 1024 only
+    result = check("vision-conv-heads", loose)  # eps <= (n - 1) e^-pi: right to six digits at n = 1024 only
     assert not result and "for n=2, tol=0.5, max_abs_x=1.0, w_norm=1.0 you return pi = 1.386" in result.message
     assert "the smallest pi >= 0 with the bound <= tol is 1.0986123" in result.message
-    result = check("ch09-conv-heads", lambda n, tol, max_abs_x=1.0, w_norm=1.0: peak(n, tol, max_abs_x, w_norm, 1.0))
+    result = check("vision-conv-heads", lambda n, tol, max_abs_x=1.0, w_norm=1.0: peak(n, tol, max_abs_x, w_norm, 1.0))
     assert not result and "n=1024, tol=1e-06" in result.message and "the bound is 2e-06" in result.message
     no_floor = lambda n, tol, max_abs_x=1.0, w_norm=1.0: math.log(  # noqa: E731
         max(1e-300, (n - 1) * (2 * max_abs_x * w_norm / tol - 1)))
-    result = check("ch09-conv-heads", no_floor)  # without pi >= 0: -690 for one pixel
+    result = check("vision-conv-heads", no_floor)  # without pi >= 0: -690 for one pixel
     assert not result and "n=1, tol=1e-09" in result.message and "is 0" in result.message
 
 
@@ -402,14 +402,14 @@ def _retention_mask(n, gamma, exponent=lambda lag: lag, causal=True):
     return torch.where(lag >= 0, mask, 0.0) if causal else mask
 
 
-def test_ch11_linear_attention_ssm_rejects_a_symmetric_a_transposed_and_a_shifted_mask(capsys):
-    assert check("ch11-linear-attention-ssm", _retention_mask)
-    result = check("ch11-linear-attention-ssm", lambda n, g: _retention_mask(n, g, torch.abs, causal=False))
+def test_connections_linear_attention_ssm_rejects_a_symmetric_a_transposed_and_a_shifted_mask(capsys):
+    assert check("connections-linear-attention-ssm", _retention_mask)
+    result = check("connections-linear-attention-ssm", lambda n, g: _retention_mask(n, g, torch.abs, causal=False))
     assert not result and "n=2, gamma=0.5: M[t, s] for (t, s) = (0, 1) should be 0" in result.message
     assert "got 0.5" in result.message
-    result = check("ch11-linear-attention-ssm", lambda n, g: _retention_mask(n, g).T)
+    result = check("connections-linear-attention-ssm", lambda n, g: _retention_mask(n, g).T)
     assert not result and "(t, s) = (0, 1) should be 0" in result.message
-    result = check("ch11-linear-attention-ssm", lambda n, g: _retention_mask(n, g, lambda lag: lag + 1))  # decays s = t too
+    result = check("connections-linear-attention-ssm", lambda n, g: _retention_mask(n, g, lambda lag: lag + 1))  # decays s = t too
     assert not result and "n=1, gamma=0.9: M[t, s] for (t, s) = (0, 0) should be 1" in result.message
-    result = check("ch11-linear-attention-ssm", lambda n, g: torch.ones(n, n, dtype=torch.bool).tril())
+    result = check("connections-linear-attention-ssm", lambda n, g: torch.ones(n, n, dtype=torch.bool).tril())
     assert not result and "return a float torch.Tensor, got Tensor of dtype torch.bool" in result.message
