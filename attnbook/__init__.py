@@ -1,9 +1,9 @@
 """attnbook: the tested code behind *Attention, from first principles to GPU kernels*.
 
-Every formula a chapter teaches is implemented once here, tested in ``tests/`` against an
-independent reference, and imported by the chapter notebooks in ``book/``. Light modules are
-imported eagerly; the plotting and course modules load on first use (``attnbook.viz`` works
-without an explicit ``import attnbook.viz``).
+Every formula a chapter teaches is implemented once here, tested in ``tests/`` against
+an independent reference, and imported by the chapter notebooks in ``book/``. Light
+modules are imported eagerly; the plotting and course modules load on first use
+(``attnbook.viz`` works without an explicit ``import attnbook.viz``).
 """
 
 import importlib
@@ -15,8 +15,22 @@ from .core import MultiHeadAttention, scaled_dot_product_attention  # noqa: E402
 from .utils import show_source  # noqa: E402,F401  (DESIGN.md: attnbook.show_source(fn))
 
 _LAZY = {
-    "positional", "models", "sparse", "linear", "kvcache", "flash", "rnn", "data", "vision", "graph",
-    "connections", "viz", "widgets", "train", "course", "kernels",
+    "positional",
+    "models",
+    "sparse",
+    "linear",
+    "kvcache",
+    "flash",
+    "rnn",
+    "data",
+    "vision",
+    "graph",
+    "connections",
+    "viz",
+    "widgets",
+    "train",
+    "course",
+    "kernels",
 }
 
 

@@ -1,9 +1,11 @@
-"""The cost of attention: FLOPs, memory, and Table 1 of Vaswani et al. (2017), plus a measuring helper.
+"""The cost of attention: FLOPs, memory, and Table 1 of Vaswani et al. (2017), plus a
+measuring helper.
 
-Conventions: one multiply-add counts as 2 FLOPs (what ``torch.utils.flop_counter`` counts);
-``n`` is the sequence length, ``d`` the model width, ``h`` the number of heads, ``B`` the batch.
-Self-attention costs ``O(n^2 d)`` time and ``O(h n^2)`` memory for the weights; a recurrent layer
-costs ``O(n d^2)`` time but needs ``n`` sequential steps. The two are equal near ``n = d``.
+Conventions: one multiply-add counts as 2 FLOPs (what ``torch.utils.flop_counter``
+counts); ``n`` is the sequence length, ``d`` the model width, ``h`` the number of heads,
+``B`` the batch. Self-attention costs ``O(n^2 d)`` time and ``O(h n^2)`` memory for the
+weights; a recurrent layer costs ``O(n d^2)`` time but needs ``n`` sequential steps. The
+two are equal near ``n = d``.
 """
 
 from __future__ import annotations
@@ -37,36 +39,58 @@ SOFTMAX_FLOPS_PER_ELEMENT = 5
 
 def _check_positive(**values: int) -> None:
     for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Integral)
+            or value < 1
+        ):
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def attention_flops(
-    seq_len: int, d_model: int, n_heads: int = 1, batch: int = 1, kv_len: int | None = None, n_kv_heads: int | None = None
+    seq_len: int,
+    d_model: int,
+    n_heads: int = 1,
+    batch: int = 1,
+    kv_len: int | None = None,
+    n_kv_heads: int | None = None,
 ) -> dict:
-    """FLOPs of one multi-head self-attention layer, step by step (2 FLOPs per multiply-add).
+    """FLOPs of one multi-head self-attention layer, step by step (2 FLOPs per
+    multiply-add).
 
     With ``n = seq_len``, ``m = kv_len`` (default ``n``), ``d = d_model``:
 
-    ==================  ======================  ==========================================
-    step                FLOPs                   shape of the work
-    ==================  ======================  ==========================================
-    q/k/v projections   ``2 B (n + 2m g) d^2``  ``(B n d) x (d d)``, K and V ``g = n_kv_heads / h`` as wide
-    scores              ``2 B n m d``           ``h`` heads of ``(n, d/h) x (d/h, m)``
-    softmax             ``5 B h n m``           elementwise over the ``(B, h, n, m)`` scores
-    weighted sum        ``2 B n m d``           ``h`` heads of ``(n, m) x (m, d/h)``
-    output projection   ``2 B n d^2``           ``(B n d) x (d d)``
-    ==================  ======================  ==========================================
+    =================  ======================  ========================================
+    step               FLOPs                   shape of the work
+    =================  ======================  ========================================
+    q/k/v projections  ``2 B (n + 2m g) d^2``  ``(B n d) x (d d)``; K, V ``g`` as wide
+    scores             ``2 B n m d``           ``h`` heads of ``(n, d/h) x (d/h, m)``
+    softmax            ``5 B h n m``           elementwise over the ``(B, h, n, m)``
+    weighted sum       ``2 B n m d``           ``h`` heads of ``(n, m) x (m, d/h)``
+    output projection  ``2 B n d^2``           ``(B n d) x (d d)``
+    =================  ======================  ========================================
 
-    With grouped-query attention (``n_kv_heads < n_heads``) only the K and V projections shrink.
-    Returns a dict with those five keys plus ``"total"`` and ``"matmul"`` (all but softmax).
-    Bias additions are not counted (as PyTorch's FLOP counter does not).
+    where ``g = n_kv_heads / h``.
+
+    With grouped-query attention (``n_kv_heads < n_heads``) only the K and V projections
+    shrink. Returns a dict with those five keys plus ``"total"`` and ``"matmul"`` (all
+    but softmax). Bias additions are not counted (as PyTorch's FLOP counter does not).
     """
     kv_len = seq_len if kv_len is None else kv_len
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-    _check_positive(seq_len=seq_len, d_model=d_model, n_heads=n_heads, batch=batch, kv_len=kv_len, n_kv_heads=n_kv_heads)
+    _check_positive(
+        seq_len=seq_len,
+        d_model=d_model,
+        n_heads=n_heads,
+        batch=batch,
+        kv_len=kv_len,
+        n_kv_heads=n_kv_heads,
+    )
     if d_model % n_heads or n_heads % n_kv_heads:
-        raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}, and n_heads by n_kv_heads={n_kv_heads}")
+        raise ValueError(
+            f"d_model={d_model} must be divisible by n_heads={n_heads}, and n_heads "
+            f"by n_kv_heads={n_kv_heads}"
+        )
     n, m, d, B = seq_len, kv_len, d_model, batch
     d_kv = d // n_heads * n_kv_heads  # width of the K and V projections
     steps = {
@@ -81,35 +105,59 @@ def attention_flops(
     return steps
 
 
-def rnn_flops(seq_len: int, hidden: int, input_dim: int | None = None, batch: int = 1) -> dict:
-    """FLOPs of a vanilla RNN layer ``h_t = tanh(W h_{t-1} + U x_t + b)`` over ``seq_len`` steps.
+def rnn_flops(
+    seq_len: int, hidden: int, input_dim: int | None = None, batch: int = 1
+) -> dict:
+    """FLOPs of a vanilla RNN layer ``h_t = tanh(W h_{t-1} + U x_t + b)`` over
+    ``seq_len`` steps.
 
-    Each step costs ``2 d^2 + 2 d d_in`` FLOPs (two matrix-vector products), so the layer costs
-    ``O(n d^2)`` and, unlike attention, needs ``n`` *sequential* steps. Returns ``per_step``,
-    ``total`` and ``sequential_steps``.
+    Each step costs ``2 d^2 + 2 d d_in`` FLOPs (two matrix-vector products), so the
+    layer costs ``O(n d^2)`` and, unlike attention, needs ``n`` *sequential* steps.
+    Returns ``per_step``, ``total`` and ``sequential_steps``.
     """
     input_dim = hidden if input_dim is None else input_dim
     _check_positive(seq_len=seq_len, hidden=hidden, input_dim=input_dim, batch=batch)
     per_step = 2 * batch * hidden * (hidden + input_dim)
-    return {"per_step": per_step, "total": per_step * seq_len, "sequential_steps": seq_len}
+    return {
+        "per_step": per_step,
+        "total": per_step * seq_len,
+        "sequential_steps": seq_len,
+    }
 
 
-def attention_memory_bytes(seq_len: int, n_heads: int = 1, batch: int = 1, bytes_per_elem: int = 4, n_layers: int = 1, kv_len: int | None = None) -> int:
-    """Bytes of the attention-weight tensors ``B x h x n x m`` (per layer, times ``n_layers``).
+def attention_memory_bytes(
+    seq_len: int,
+    n_heads: int = 1,
+    batch: int = 1,
+    bytes_per_elem: int = 4,
+    n_layers: int = 1,
+    kv_len: int | None = None,
+) -> int:
+    """Bytes of the attention-weight tensors ``B x h x n x m`` (per layer, times
+    ``n_layers``).
 
-    This is the memory standard attention materializes and FlashAttention avoids; e.g. one fp32
-    ``65,536 x 65,536`` matrix is ``2^32 * 4 B = 17.2 GB``.
+    This is the memory standard attention materializes and FlashAttention avoids; e.g.
+    one fp32 ``65,536 x 65,536`` matrix is ``2^32 * 4 B = 17.2 GB``.
     """
     kv_len = seq_len if kv_len is None else kv_len
-    _check_positive(seq_len=seq_len, n_heads=n_heads, batch=batch, bytes_per_elem=bytes_per_elem, n_layers=n_layers, kv_len=kv_len)
+    _check_positive(
+        seq_len=seq_len,
+        n_heads=n_heads,
+        batch=batch,
+        bytes_per_elem=bytes_per_elem,
+        n_layers=n_layers,
+        kv_len=kv_len,
+    )
     return batch * n_heads * seq_len * kv_len * bytes_per_elem * n_layers
 
 
 def crossover_length(d_model: int) -> int:
-    """Length ``n`` at which self-attention's ``n^2 d`` equals a recurrent layer's ``n d^2``: ``n = d``.
+    """Length ``n`` at which self-attention's ``n^2 d`` equals a recurrent layer's ``n
+    d^2``: ``n = d``.
 
-    Shorter sequences than this make self-attention *cheaper* than a recurrent layer per layer;
-    longer ones make it more expensive (but still parallel: 1 sequential step instead of ``n``).
+    Shorter sequences than this make self-attention *cheaper* than a recurrent layer per
+    layer; longer ones make it more expensive (but still parallel: 1 sequential step
+    instead of ``n``).
     """
     _check_positive(d_model=d_model)
     return d_model
@@ -128,7 +176,8 @@ class LayerComplexity:
     path_length_fn: Callable[..., float]
 
     def evaluate(self, n: int, d: int, k: int = 3, r: int = 16) -> dict:
-        """The three columns evaluated (constants dropped) for concrete ``n, d, k, r``."""
+        """The three columns evaluated (constants dropped) for concrete ``n, d, k,
+        r``."""
         return {
             "layer": self.layer,
             "complexity": self.complexity_fn(n, d, k, r),
@@ -138,26 +187,55 @@ class LayerComplexity:
 
 
 def vaswani_table1() -> list[LayerComplexity]:
-    """Table 1 of Vaswani et al. (2017): ``n`` length, ``d`` width, ``k`` kernel, ``r`` neighbourhood.
+    """Table 1 of Vaswani et al. (2017): ``n`` length, ``d`` width, ``k`` kernel, ``r``
+    neighbourhood.
 
     The convolutional path length ``O(log_k n)`` is for dilated convolutions; contiguous
     kernels need ``O(n / k)`` layers.
     """
     return [
-        LayerComplexity("Self-Attention", "O(n^2 d)", "O(1)", "O(1)",
-                        lambda n, d, k, r: n * n * d, lambda n, d, k, r: 1, lambda n, d, k, r: 1),
-        LayerComplexity("Recurrent", "O(n d^2)", "O(n)", "O(n)",
-                        lambda n, d, k, r: n * d * d, lambda n, d, k, r: n, lambda n, d, k, r: n),
-        LayerComplexity("Convolutional", "O(k n d^2)", "O(1)", "O(log_k(n))",
-                        lambda n, d, k, r: k * n * d * d, lambda n, d, k, r: 1, lambda n, d, k, r: math.log(n, k)),
-        LayerComplexity("Self-Attention (restricted)", "O(r n d)", "O(1)", "O(n/r)",
-                        lambda n, d, k, r: r * n * d, lambda n, d, k, r: 1, lambda n, d, k, r: n / r),
+        LayerComplexity(
+            "Self-Attention",
+            "O(n^2 d)",
+            "O(1)",
+            "O(1)",
+            lambda n, d, k, r: n * n * d,
+            lambda n, d, k, r: 1,
+            lambda n, d, k, r: 1,
+        ),
+        LayerComplexity(
+            "Recurrent",
+            "O(n d^2)",
+            "O(n)",
+            "O(n)",
+            lambda n, d, k, r: n * d * d,
+            lambda n, d, k, r: n,
+            lambda n, d, k, r: n,
+        ),
+        LayerComplexity(
+            "Convolutional",
+            "O(k n d^2)",
+            "O(1)",
+            "O(log_k(n))",
+            lambda n, d, k, r: k * n * d * d,
+            lambda n, d, k, r: 1,
+            lambda n, d, k, r: math.log(n, k),
+        ),
+        LayerComplexity(
+            "Self-Attention (restricted)",
+            "O(r n d)",
+            "O(1)",
+            "O(n/r)",
+            lambda n, d, k, r: r * n * d,
+            lambda n, d, k, r: 1,
+            lambda n, d, k, r: n / r,
+        ),
     ]
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Measuring on the reader's machine
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 def _rss_field(field: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
@@ -179,18 +257,25 @@ def _reset_peak_rss() -> bool:
 
 
 def measure(fn: Callable, *args, repeat: int = 5, warmup: int = 1, **kwargs) -> dict:
-    """Run ``fn(*args, **kwargs)`` and return its median wall time and peak extra memory.
+    """Run ``fn(*args, **kwargs)`` and return its median wall time and peak extra
+    memory.
 
-    Returns ``{"time_s": median seconds, "min_s": fastest run (robust on a busy machine), "times_s": all runs, "peak_bytes": int | None, "memory": how}``.
-    Peak memory is read from the CUDA allocator when the arguments live on a GPU
-    (``torch.cuda.max_memory_allocated`` above the starting allocation), and on Linux CPUs from the
-    process's peak resident set size (``VmHWM``, reset before the run) above the resident size
-    at the start. Elsewhere ``peak_bytes`` is ``None``. The CPU reading includes allocator noise of a
-    few MiB, so trust it for large tensors, which is where attention's ``n^2`` shows.
+    Returns ``{"time_s": median seconds, "min_s": fastest run (robust on a busy
+    machine), "times_s": all runs, "peak_bytes": int | None, "memory": how}``. Peak
+    memory is read from the CUDA allocator when the arguments live on a GPU
+    (``torch.cuda.max_memory_allocated`` above the starting allocation), and on Linux
+    CPUs from the process's peak resident set size (``VmHWM``, reset before the run)
+    above the resident size at the start. Elsewhere ``peak_bytes`` is ``None``. The CPU
+    reading includes allocator noise of a few MiB, so trust it for large tensors, which
+    is where attention's ``n^2`` shows.
     """
     if repeat < 1 or warmup < 0:
-        raise ValueError(f"repeat must be >= 1 and warmup >= 0, got repeat={repeat}, warmup={warmup}")
-    tensors = [a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)]
+        raise ValueError(
+            f"repeat must be >= 1 and warmup >= 0, got repeat={repeat}, warmup={warmup}"
+        )
+    tensors = [
+        a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)
+    ]
     cuda = any(t.is_cuda for t in tensors)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     with torch.no_grad():
@@ -218,15 +303,24 @@ def measure(fn: Callable, *args, repeat: int = 5, warmup: int = 1, **kwargs) -> 
             peak = max(0, (_rss_field("VmHWM") or 0) - start_mem)
         else:
             peak = None
-    return {"time_s": statistics.median(times), "min_s": min(times), "times_s": times, "peak_bytes": peak, "memory": how}
+    return {
+        "time_s": statistics.median(times),
+        "min_s": min(times),
+        "times_s": times,
+        "peak_bytes": peak,
+        "memory": how,
+    }
 
 
 def loglog_slope(x, y) -> float:
-    """Least-squares slope of ``log y`` against ``log x``: the exponent ``p`` in ``y ~ x^p``."""
+    """Least-squares slope of ``log y`` against ``log x``: the exponent ``p`` in ``y ~
+    x^p``."""
     x = torch.as_tensor(x, dtype=torch.float64).flatten()
     y = torch.as_tensor(y, dtype=torch.float64).flatten()
     if x.numel() != y.numel() or x.numel() < 2:
-        raise ValueError(f"x and y need the same length >= 2, got {x.numel()} and {y.numel()}")
+        raise ValueError(
+            f"x and y need the same length >= 2, got {x.numel()} and {y.numel()}"
+        )
     if (x <= 0).any() or (y <= 0).any():
         raise ValueError("x and y must be positive to take logarithms")
     x, y = x.log(), y.log()

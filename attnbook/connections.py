@@ -1,19 +1,22 @@
-"""Attention's relatives: synthesizers, hypernetworks, routing, memory, gating, state-space models.
+"""Attention's relatives: synthesizers, hypernetworks, routing, memory, gating,
+state-space models.
 
 Each block below isolates one way of looking at attention ``out = A(X) V(X)``:
 
-* **who makes the weights** A: a synthesizer (Tay et al., 2021) predicts them from each token alone
-  (dense) or learns them outright (random); attention is a hypernetwork that *writes a linear
-  layer* from the input;
-* **how the weights are normalized**: capsule routing by agreement (Sabour et al., 2017) lets the
-  outputs compete for each input instead of the inputs competing for each output;
-* **what one step of attention is**: one update of a modern Hopfield network (Ramsauer et al., 2021);
+* **who makes the weights** A: a synthesizer (Tay et al., 2021) predicts them from each
+  token alone (dense) or learns them outright (random); attention is a hypernetwork that
+  *writes a linear layer* from the input;
+* **how the weights are normalized**: capsule routing by agreement (Sabour et al., 2017)
+  lets the outputs compete for each input instead of the inputs competing for each
+  output;
+* **what one step of attention is**: one update of a modern Hopfield network (Ramsauer
+  et al., 2021);
 * **gating instead of mixing**: GLU (Dauphin et al., 2017) and gMLP (Liu et al., 2021);
-* **the main alternative**: a diagonal linear state-space model (S4D/Mamba family; Gu et al., 2022;
-  Gu & Dao, 2023), a recurrence that is also a long convolution;
-* **attention in applications**: DIN target attention for recommendation (Zhou et al., 2018),
-  hierarchical attention for documents (Yang et al., 2016), co-attention between two inputs
-  (Lu et al., 2016; Xiong et al., 2017).
+* **the main alternative**: a diagonal linear state-space model (S4D/Mamba family; Gu et
+  al., 2022; Gu & Dao, 2023), a recurrence that is also a long convolution;
+* **attention in applications**: DIN target attention for recommendation (Zhou et al.,
+  2018), hierarchical attention for documents (Yang et al., 2016), co-attention between
+  two inputs (Lu et al., 2016; Xiong et al., 2017).
 
 Sequence tensors are ``(batch, seq, dim)`` unless a docstring says otherwise.
 """
@@ -51,17 +54,24 @@ __all__ = [
 
 
 def _check_seq(name: str, x: torch.Tensor, dim: int | None = None) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 3 or (dim is not None and x.shape[-1] != dim):
+    if (
+        not isinstance(x, torch.Tensor)
+        or x.dim() != 3
+        or (dim is not None and x.shape[-1] != dim)
+    ):
         want = "(batch, seq, dim)" if dim is None else f"(batch, seq, {dim})"
-        raise ValueError(f"{name} must have shape {want}, got {tuple(getattr(x, 'shape', ()))}")
+        raise ValueError(
+            f"{name} must have shape {want}, got {tuple(getattr(x, 'shape', ()))}"
+        )
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Who makes the weights: synthesizers and the hypernetwork view
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 class _Synthesizer(nn.Module):
-    """What both Synthesizers share: weights from :meth:`scores` (not from queries and keys), then
-    ``out = softmax(scores) X W_v``. ``x``: ``(B, n, d_model)`` with ``n <= max_len``."""
+    """What both Synthesizers share: weights from :meth:`scores` (not from queries and
+    keys), then ``out = softmax(scores) X W_v``. ``x``: ``(B, n, d_model)`` with ``n <=
+    max_len``."""
 
     def __init__(self, d_model: int, max_len: int):
         super().__init__()
@@ -71,25 +81,39 @@ class _Synthesizer(nn.Module):
     def scores(self, x: torch.Tensor, n: int) -> torch.Tensor:
         raise NotImplementedError
 
-    def forward(self, x: torch.Tensor, attn_mask: torch.Tensor | None = None, return_weights: bool = False):
-        """``attn_mask``: bool, broadcastable to the scores (True = may attend), e.g. a causal mask."""
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+    ):
+        """``attn_mask``: bool, broadcastable to the scores (True = may attend), e.g. a
+        causal mask."""
         _check_seq("x", x, self.d_model)
         n = x.shape[1]
         if n > self.max_len:
-            raise ValueError(f"x has {n} positions but the synthesizer was built for max_len={self.max_len}")
+            raise ValueError(
+                f"x has {n} positions but the synthesizer was built for "
+                f"max_len={self.max_len}"
+            )
         weights = masked_softmax(self.scores(x, n), attn_mask).expand(x.shape[0], n, n)
         out = weights @ self.value(x)
         return (out, weights) if return_weights else out
 
 
 class DenseSynthesizer(_Synthesizer):
-    r"""Dense Synthesizer: each token predicts its own row of attention weights, no query-key product.
+    r"""Dense Synthesizer: each token predicts its own row of attention weights, no
+    query-key product.
 
-    .. math:: A = \operatorname{softmax}\big(\mathrm{ReLU}(X W_1 + b_1) W_2 + b_2\big)_{[:, :n]}, \qquad \mathrm{out} = A\, X W_v
+    .. math::
 
-    ``W_2`` maps to ``max_len`` columns, one per *position*: row ``i`` says how much token ``i``
-    takes from position ``j`` whatever token sits there, and sequences longer than ``max_len`` are
-    impossible. ``x``: ``(B, n, d_model)`` with ``n <= max_len`` -> ``(B, n, d_model)``.
+        A = \operatorname{softmax}\big(\mathrm{ReLU}(X W_1 + b_1) W_2 + b_2\big)_{[:,
+        :n]}, \qquad \mathrm{out} = A\, X W_v
+
+    ``W_2`` maps to ``max_len`` columns, one per *position*: row ``i`` says how much
+    token ``i`` takes from position ``j`` whatever token sits there, and sequences
+    longer than ``max_len`` are impossible. ``x``: ``(B, n, d_model)`` with ``n <=
+    max_len`` -> ``(B, n, d_model)``.
     """
 
     def __init__(self, d_model: int, max_len: int, hidden: int | None = None):
@@ -102,67 +126,94 @@ class DenseSynthesizer(_Synthesizer):
 
 
 class RandomSynthesizer(_Synthesizer):
-    r"""Random Synthesizer: the weights do not depend on the input at all, :math:`A = \operatorname{softmax}(R)`.
+    r"""Random Synthesizer: the weights do not depend on the input at all, :math:`A =
+    \operatorname{softmax}(R)`.
 
-    ``R`` is a ``(max_len, max_len)`` matrix, initialized from ``N(0, 1)`` with ``generator`` and
-    learned (``trainable=True``) or kept fixed. It routes information between positions, but the
-    routing is the same for every input: a learned token-mixing matrix, like gMLP's. ``x``:
-    ``(B, n, d_model)`` -> ``(B, n, d_model)``.
+    ``R`` is a ``(max_len, max_len)`` matrix, initialized from ``N(0, 1)`` with
+    ``generator`` and learned (``trainable=True``) or kept fixed. It routes information
+    between positions, but the routing is the same for every input: a learned
+    token-mixing matrix, like gMLP's. ``x``: ``(B, n, d_model)`` -> ``(B, n, d_model)``.
     """
 
-    def __init__(self, d_model: int, max_len: int, trainable: bool = True, generator: torch.Generator | None = None):
+    def __init__(
+        self,
+        d_model: int,
+        max_len: int,
+        trainable: bool = True,
+        generator: torch.Generator | None = None,
+    ):
         super().__init__(d_model, max_len)
-        self.logits = nn.Parameter(torch.randn(max_len, max_len, generator=generator), requires_grad=trainable)
+        self.logits = nn.Parameter(
+            torch.randn(max_len, max_len, generator=generator), requires_grad=trainable
+        )
 
     def scores(self, x: torch.Tensor, n: int) -> torch.Tensor:
         return self.logits[:n, :n]  # (n, n): the same for every input
 
 
-def attention_as_linear_map(x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""The linear layer that self-attention *writes* for the input ``x``: attention as a hypernetwork.
+def attention_as_linear_map(
+    x: torch.Tensor, w_q: torch.Tensor, w_k: torch.Tensor, w_v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""The linear layer that self-attention *writes* for the input ``x``: attention as
+    a hypernetwork.
 
-    For one sequence ``x`` ``(n, d)`` and projections ``w_q``, ``w_k`` ``(d, d_k)``, ``w_v`` ``(d, d_v)``,
-    self-attention is ``out = A (x W_v)`` with ``A = softmax(x W_q (x W_k)^T / sqrt(d_k))``. Flattening
-    row-major, ``vec(out) = M vec(x)`` with
+    For one sequence ``x`` ``(n, d)`` and projections ``w_q``, ``w_k`` ``(d, d_k)``,
+    ``w_v`` ``(d, d_v)``, self-attention is ``out = A (x W_v)`` with ``A = softmax(x W_q
+    (x W_k)^T / sqrt(d_k))``. Flattening row-major, ``vec(out) = M vec(x)`` with
 
     .. math:: M = A \otimes W_v^\top \in \mathbb{R}^{n d_v \times n d},
 
-    a matrix of ``n x n`` blocks, block ``(i, j)`` being ``A_ij W_v^T``: one non-negative scalar per
-    pair of positions, shared by every feature (the notes' "non-negative, sparse, shared" weights).
-    ``A`` is computed from ``x`` (the hypernetwork), ``M`` then acts on ``x`` as an ordinary layer.
-    Returns ``(M, A)``.
+    a matrix of ``n x n`` blocks, block ``(i, j)`` being ``A_ij W_v^T``: one
+    non-negative scalar per pair of positions, shared by every feature (the notes'
+    "non-negative, sparse, shared" weights). ``A`` is computed from ``x`` (the
+    hypernetwork), ``M`` then acts on ``x`` as an ordinary layer. Returns ``(M, A)``.
     """
-    if x.dim() != 2 or w_q.shape[0] != x.shape[1] or w_k.shape != w_q.shape or w_v.shape[0] != x.shape[1]:
-        raise ValueError(f"expected x (n, d), w_q and w_k (d, d_k), w_v (d, d_v); got x {tuple(x.shape)}, "
-                         f"w_q {tuple(w_q.shape)}, w_k {tuple(w_k.shape)}, w_v {tuple(w_v.shape)}")
+    if (
+        x.dim() != 2
+        or w_q.shape[0] != x.shape[1]
+        or w_k.shape != w_q.shape
+        or w_v.shape[0] != x.shape[1]
+    ):
+        raise ValueError(
+            "expected x (n, d), w_q and w_k (d, d_k), w_v (d, d_v); got x "
+            f"{tuple(x.shape)}, "
+            f"w_q {tuple(w_q.shape)}, w_k {tuple(w_k.shape)}, w_v {tuple(w_v.shape)}"
+        )
     A = torch.softmax((x @ w_q) @ (x @ w_k).T / math.sqrt(w_q.shape[1]), dim=-1)
     return torch.kron(A, w_v.T.contiguous()), A
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # How the weights are normalized: capsule routing by agreement
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 def squash(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
-    r"""Capsule nonlinearity :math:`v = \frac{\|s\|^2}{1 + \|s\|^2} \frac{s}{\|s\|}`: keeps the direction, length in [0, 1)."""
+    r"""Capsule nonlinearity :math:`v = \frac{\|s\|^2}{1 + \|s\|^2} \frac{s}{\|s\|}`:
+    keeps the direction, length in [0, 1)."""
     sq = (s * s).sum(dim, keepdim=True)
     return sq / (1.0 + sq) * s / torch.sqrt(sq + eps)
 
 
-def dynamic_routing(u_hat: torch.Tensor, n_iter: int = 3) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""Routing by agreement (Sabour et al., 2017) between ``n_in`` lower and ``n_out`` higher capsules.
+def dynamic_routing(
+    u_hat: torch.Tensor, n_iter: int = 3
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Routing by agreement (Sabour et al., 2017) between ``n_in`` lower and ``n_out``
+    higher capsules.
 
-    ``u_hat``: ``(B, n_in, n_out, d)``, the prediction of lower capsule ``i`` for higher capsule ``j``.
-    Starting from logits ``b = 0``, repeat ``n_iter`` times:
+    ``u_hat``: ``(B, n_in, n_out, d)``, the prediction of lower capsule ``i`` for higher
+    capsule ``j``. Starting from logits ``b = 0``, repeat ``n_iter`` times:
 
-    .. math:: c_{ij} = \operatorname{softmax}_{j}(b_{ij}), \quad s_j = \sum_i c_{ij} \hat u_{j|i}, \quad
-              v_j = \mathrm{squash}(s_j), \quad b_{ij} \mathrel{+}= \hat u_{j|i} \cdot v_j
+    .. math:: c_{ij} = \operatorname{softmax}_{j}(b_{ij}), \quad s_j = \sum_i c_{ij}
+              \hat u_{j|i}, \quad v_j = \mathrm{squash}(s_j), \quad b_{ij} \mathrel{+}=
+              \hat u_{j|i} \cdot v_j
 
-    The softmax runs over the *outputs* ``j``: each input distributes itself among the outputs,
-    the opposite of attention, whose softmax makes the inputs compete for each output. Returns
-    ``(v (B, n_out, d), c (B, n_in, n_out))``.
+    The softmax runs over the *outputs* ``j``: each input distributes itself among the
+    outputs, the opposite of attention, whose softmax makes the inputs compete for each
+    output. Returns ``(v (B, n_out, d), c (B, n_in, n_out))``.
     """
     if u_hat.dim() != 4:
-        raise ValueError(f"u_hat must have shape (B, n_in, n_out, d), got {tuple(u_hat.shape)}")
+        raise ValueError(
+            f"u_hat must have shape (B, n_in, n_out, d), got {tuple(u_hat.shape)}"
+        )
     if n_iter < 1:
         raise ValueError(f"n_iter must be >= 1, got {n_iter}")
     b = torch.zeros(u_hat.shape[:3], dtype=u_hat.dtype, device=u_hat.device)
@@ -174,34 +225,43 @@ def dynamic_routing(u_hat: torch.Tensor, n_iter: int = 3) -> tuple[torch.Tensor,
     return v, c
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Attention as memory retrieval: the modern Hopfield network
-# ---------------------------------------------------------------------------------------------
-def hopfield_update(query: torch.Tensor, patterns: torch.Tensor, beta: float) -> torch.Tensor:
+# --------------------------------------------------------------------------------------
+def hopfield_update(
+    query: torch.Tensor, patterns: torch.Tensor, beta: float
+) -> torch.Tensor:
     r"""One update of a modern (continuous) Hopfield network (Ramsauer et al., 2021).
 
-    With the stored patterns as the rows of ``X`` (``(..., N, d)``) and state ``xi`` (``(..., L, d)``,
-    one row per query), :math:`\xi^{\text{new}} = \operatorname{softmax}(\beta\, \xi X^\top) X` (the
-    paper's :math:`X \operatorname{softmax}(\beta X^\top \xi)` with patterns as columns). It is one
-    step of attention with keys = values = the patterns and ``scale = beta``.
+    With the stored patterns as the rows of ``X`` (``(..., N, d)``) and state ``xi``
+    (``(..., L, d)``, one row per query), :math:`\xi^{\text{new}} =
+    \operatorname{softmax}(\beta\, \xi X^\top) X` (the paper's :math:`X
+    \operatorname{softmax}(\beta X^\top \xi)` with patterns as columns). It is one step
+    of attention with keys = values = the patterns and ``scale = beta``.
     """
     if beta <= 0:
         raise ValueError(f"beta must be positive, got {beta}")
     if query.shape[-1] != patterns.shape[-1]:
-        raise ValueError(f"query (..., L, d) and patterns (..., N, d) must share d, got {tuple(query.shape)} "
-                         f"and {tuple(patterns.shape)}")
+        raise ValueError(
+            "query (..., L, d) and patterns (..., N, d) must share d, got "
+            f"{tuple(query.shape)} "
+            f"and {tuple(patterns.shape)}"
+        )
     return torch.softmax(beta * query @ patterns.transpose(-2, -1), dim=-1) @ patterns
 
 
-def hopfield_energy(query: torch.Tensor, patterns: torch.Tensor, beta: float) -> torch.Tensor:
+def hopfield_energy(
+    query: torch.Tensor, patterns: torch.Tensor, beta: float
+) -> torch.Tensor:
     r"""The energy the update minimizes, per query row: ``(..., L)``.
 
-    .. math:: E(\xi) = -\tfrac{1}{\beta} \log \sum_{i=1}^{N} \exp(\beta\, x_i^\top \xi) + \tfrac12 \xi^\top \xi
-              + \tfrac{1}{\beta} \log N + \tfrac12 M^2, \qquad M = \max_i \|x_i\|
+    .. math:: E(\xi) = -\tfrac{1}{\beta} \log \sum_{i=1}^{N} \exp(\beta\, x_i^\top \xi)
+              + \tfrac12 \xi^\top \xi + \tfrac{1}{\beta} \log N + \tfrac12 M^2, \qquad M
+              = \max_i \|x_i\|
 
-    The constants make ``0 <= E <= 2 M^2`` for every state in the convex hull of the patterns, i.e.
-    after the first update (Ramsauer et al., 2021, appendix). The update is a
-    concave-convex procedure step on ``E``, so the energy never increases.
+    The constants make ``0 <= E <= 2 M^2`` for every state in the convex hull of the
+    patterns, i.e. after the first update (Ramsauer et al., 2021, appendix). The update
+    is a concave-convex procedure step on ``E``, so the energy never increases.
     """
     N = patterns.shape[-2]
     lse = torch.logsumexp(beta * query @ patterns.transpose(-2, -1), dim=-1)
@@ -210,13 +270,19 @@ def hopfield_energy(query: torch.Tensor, patterns: torch.Tensor, beta: float) ->
 
 
 def hopfield_retrieve(
-    query: torch.Tensor, patterns: torch.Tensor, beta: float, max_iter: int = 100, tol: float = 1e-6
+    query: torch.Tensor,
+    patterns: torch.Tensor,
+    beta: float,
+    max_iter: int = 100,
+    tol: float = 1e-6,
 ) -> tuple[torch.Tensor, int]:
-    """Iterate :func:`hopfield_update` until the state moves less than ``tol`` (max abs change).
+    """Iterate :func:`hopfield_update` until the state moves less than ``tol`` (max abs
+    change).
 
-    Returns ``(fixed point (..., L, d), number of updates made)``. With a large ``beta`` and
-    well-separated patterns it converges in one or two updates to (almost exactly) the stored
-    pattern nearest to the query; with a small ``beta`` to an average of several patterns.
+    Returns ``(fixed point (..., L, d), number of updates made)``. With a large ``beta``
+    and well-separated patterns it converges in one or two updates to (almost exactly)
+    the stored pattern nearest to the query; with a small ``beta`` to an average of
+    several patterns.
     """
     xi = query
     for step in range(1, max_iter + 1):
@@ -227,14 +293,16 @@ def hopfield_retrieve(
     return xi, max_iter
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Gating instead of mixing: GLU and gMLP
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 class GLU(nn.Module):
-    r"""Gated linear unit (Dauphin et al., 2017): :math:`\mathrm{GLU}(x) = \sigma(x W_g + b_g) \odot (x W + b)`.
+    r"""Gated linear unit (Dauphin et al., 2017): :math:`\mathrm{GLU}(x) = \sigma(x W_g
+    + b_g) \odot (x W + b)`.
 
-    One path gates the other elementwise; each position is processed on its own (nothing is mixed
-    across the sequence). ``gate`` and ``proj`` are the two ``Linear(d_in, d_out)``.
+    One path gates the other elementwise; each position is processed on its own (nothing
+    is mixed across the sequence). ``gate`` and ``proj`` are the two ``Linear(d_in,
+    d_out)``.
     """
 
     def __init__(self, d_in: int, d_out: int):
@@ -247,20 +315,24 @@ class GLU(nn.Module):
 
 
 class GatedMLP(nn.Module):
-    r"""A gMLP block (Liu et al., 2021): an MLP whose gate mixes the positions with a learned matrix.
+    r"""A gMLP block (Liu et al., 2021): an MLP whose gate mixes the positions with a
+    learned matrix.
 
     .. math:: [Z_1, Z_2] = \mathrm{GELU}(\mathrm{LN}(X) U), \quad
               \mathrm{out} = X + \big(Z_1 \odot (W_s\, \mathrm{LN}(Z_2) + b_s)\big) V
 
-    ``W_s`` is a ``(seq_len, seq_len)`` token-mixing matrix (the only place positions interact)
-    initialized to zero with ``b_s = 1``, so at initialization the block is a per-position MLP.
-    ``causal=True`` masks ``W_s`` to its lower triangle. ``x``: ``(B, seq_len, d_model)``.
+    ``W_s`` is a ``(seq_len, seq_len)`` token-mixing matrix (the only place positions
+    interact) initialized to zero with ``b_s = 1``, so at initialization the block is a
+    per-position MLP. ``causal=True`` masks ``W_s`` to its lower triangle. ``x``: ``(B,
+    seq_len, d_model)``.
     """
 
     def __init__(self, d_model: int, d_ffn: int, seq_len: int, causal: bool = False):
         super().__init__()
         if d_ffn % 2:
-            raise ValueError(f"d_ffn must be even (it is split in two halves), got {d_ffn}")
+            raise ValueError(
+                f"d_ffn must be even (it is split in two halves), got {d_ffn}"
+            )
         self.d_model, self.seq_len, self.causal = d_model, seq_len, causal
         self.norm = nn.LayerNorm(d_model)
         self.proj_in = nn.Linear(d_model, d_ffn)
@@ -270,7 +342,8 @@ class GatedMLP(nn.Module):
         self.proj_out = nn.Linear(d_ffn // 2, d_model)
 
     def token_mixing(self) -> torch.Tensor:
-        """The ``(seq_len, seq_len)`` mixing matrix ``W_s`` actually applied (lower-triangular when causal)."""
+        """The ``(seq_len, seq_len)`` mixing matrix ``W_s`` actually applied
+        (lower-triangular when causal)."""
         if not self.causal:
             return self.spatial_weight
         return self.spatial_weight.tril()
@@ -278,42 +351,72 @@ class GatedMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_seq("x", x, self.d_model)
         if x.shape[1] != self.seq_len:
-            raise ValueError(f"gMLP's mixing matrix is built for seq_len={self.seq_len}, got x {tuple(x.shape)}")
+            raise ValueError(
+                f"gMLP's mixing matrix is built for seq_len={self.seq_len}, got x "
+                f"{tuple(x.shape)}"
+            )
         z1, z2 = F.gelu(self.proj_in(self.norm(x))).chunk(2, dim=-1)
-        gate = self.token_mixing() @ self.gate_norm(z2) + self.spatial_bias  # mixes positions, not features
+        # mixes positions, not features
+        gate = self.token_mixing() @ self.gate_norm(z2) + self.spatial_bias
         return x + self.proj_out(z1 * gate)
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # The main alternative: a diagonal linear state-space model (recurrence = convolution)
-# ---------------------------------------------------------------------------------------------
-def _check_ssm(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> None:
+# --------------------------------------------------------------------------------------
+def _check_ssm(
+    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
+) -> None:
     _check_seq("x", x)
-    if a.dim() != 2 or a.shape[0] != x.shape[-1] or b.shape != a.shape or c.shape != a.shape:
-        raise ValueError(f"a, b, c must all have shape (D={x.shape[-1]}, N), got a {tuple(a.shape)}, "
-                         f"b {tuple(b.shape)}, c {tuple(c.shape)}")
+    if (
+        a.dim() != 2
+        or a.shape[0] != x.shape[-1]
+        or b.shape != a.shape
+        or c.shape != a.shape
+    ):
+        raise ValueError(
+            f"a, b, c must all have shape (D={x.shape[-1]}, N), got a "
+            f"{tuple(a.shape)}, "
+            f"b {tuple(b.shape)}, c {tuple(c.shape)}"
+        )
 
 
-def ssm_kernel(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, length: int) -> torch.Tensor:
-    r"""The convolution kernel of a diagonal linear SSM: :math:`K_{d,k} = \sum_n c_{dn}\, a_{dn}^k\, b_{dn}`.
+def ssm_kernel(
+    a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, length: int
+) -> torch.Tensor:
+    r"""The convolution kernel of a diagonal linear SSM: :math:`K_{d,k} = \sum_n
+    c_{dn}\, a_{dn}^k\, b_{dn}`.
 
-    ``a``, ``b``, ``c``: ``(D, N)`` (``D`` channels, each with an ``N``-dimensional diagonal state).
-    Returns ``(D, length)``. With ``|a| < 1`` the kernel decays geometrically: how far back the
-    model sees is set by how close ``a`` is to 1.
+    ``a``, ``b``, ``c``: ``(D, N)`` (``D`` channels, each with an ``N``-dimensional
+    diagonal state). Returns ``(D, length)``. With ``|a| < 1`` the kernel decays
+    geometrically: how far back the model sees is set by how close ``a`` is to 1.
     """
-    powers = a.unsqueeze(-1) ** torch.arange(length, device=a.device, dtype=a.dtype)  # (D, N, length)
+    # (D, N, length)
+    powers = a.unsqueeze(-1) ** torch.arange(length, device=a.device, dtype=a.dtype)
     return ((c * b).unsqueeze(-1) * powers).sum(1)
 
 
-def ssm_recurrent(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, state: torch.Tensor | None = None):
-    r"""The recurrent form, one step per token: :math:`h_t = a \odot h_{t-1} + b\, x_t,\ y_t = \sum_n c \odot h_t`.
+def ssm_recurrent(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    c: torch.Tensor,
+    state: torch.Tensor | None = None,
+):
+    r"""The recurrent form, one step per token: :math:`h_t = a \odot h_{t-1} + b\, x_t,\
+    y_t = \sum_n c \odot h_t`.
 
-    ``x``: ``(B, L, D)``; ``a``, ``b``, ``c``: ``(D, N)``; ``state``: ``(B, D, N)`` (zeros when None).
-    Returns ``(y (B, L, D), final state (B, D, N))``. Memory is ``O(D N)`` whatever ``L``: this is
-    how an SSM generates, with a fixed-size state instead of a growing KV cache.
+    ``x``: ``(B, L, D)``; ``a``, ``b``, ``c``: ``(D, N)``; ``state``: ``(B, D, N)``
+    (zeros when None). Returns ``(y (B, L, D), final state (B, D, N))``. Memory is ``O(D
+    N)`` whatever ``L``: this is how an SSM generates, with a fixed-size state instead
+    of a growing KV cache.
     """
     _check_ssm(x, a, b, c)
-    h = torch.zeros(x.shape[0], *a.shape, dtype=x.dtype, device=x.device) if state is None else state
+    h = (
+        torch.zeros(x.shape[0], *a.shape, dtype=x.dtype, device=x.device)
+        if state is None
+        else state
+    )
     ys = []
     for t in range(x.shape[1]):
         h = a * h + b * x[:, t, :, None]
@@ -321,38 +424,52 @@ def ssm_recurrent(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Te
     return torch.stack(ys, dim=1), h
 
 
-def ssm_convolution(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    r"""The same map as :func:`ssm_recurrent` (zero initial state), as a causal convolution via FFT.
+def ssm_convolution(
+    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
+) -> torch.Tensor:
+    r"""The same map as :func:`ssm_recurrent` (zero initial state), as a causal
+    convolution via FFT.
 
     .. math:: y_t = \sum_{s \le t} K_{t-s}\, x_s
 
-    computed with zero-padded FFTs of length ``2L``: ``O(D L log L)`` and fully parallel over ``t``,
-    which is how an SSM trains. ``x``: ``(B, L, D)`` -> ``(B, L, D)``. It needs ``a`` to be the same
-    at every step; a *selective* SSM (Mamba), whose ``a`` depends on the input, keeps only the
-    recurrent (scan) form.
+    computed with zero-padded FFTs of length ``2L``: ``O(D L log L)`` and fully parallel
+    over ``t``, which is how an SSM trains. ``x``: ``(B, L, D)`` -> ``(B, L, D)``. It
+    needs ``a`` to be the same at every step; a *selective* SSM (Mamba), whose ``a``
+    depends on the input, keeps only the recurrent (scan) form.
     """
     _check_ssm(x, a, b, c)
     L = x.shape[1]
     K = ssm_kernel(a, b, c, L)  # (D, L)
     n = 2 * L  # zero padding turns the FFT's circular convolution into a linear one
-    y = torch.fft.irfft(torch.fft.rfft(x.transpose(1, 2), n=n) * torch.fft.rfft(K, n=n), n=n)[..., :L]
+    y = torch.fft.irfft(
+        torch.fft.rfft(x.transpose(1, 2), n=n) * torch.fft.rfft(K, n=n), n=n
+    )[..., :L]
     return y.transpose(1, 2)
 
 
 class DiagonalSSM(nn.Module):
-    r"""A trainable diagonal linear SSM layer: :func:`ssm_convolution` plus a skip term ``D x``.
+    r"""A trainable diagonal linear SSM layer: :func:`ssm_convolution` plus a skip term
+    ``D x``.
 
-    ``a = exp(-exp(log_rate))`` lies in (0, 1), so the recurrence is always stable; the rates are
-    initialized log-spaced so that the ``d_state`` modes of a channel cover short and long memories.
-    ``forward(x, mode="convolution" | "recurrent")``: both give the same output.
+    ``a = exp(-exp(log_rate))`` lies in (0, 1), so the recurrence is always stable; the
+    rates are initialized log-spaced so that the ``d_state`` modes of a channel cover
+    short and long memories. ``forward(x, mode="convolution" | "recurrent")``: both give
+    the same output.
     """
 
-    def __init__(self, d_model: int, d_state: int = 16, generator: torch.Generator | None = None):
+    def __init__(
+        self, d_model: int, d_state: int = 16, generator: torch.Generator | None = None
+    ):
         super().__init__()
-        rates = torch.logspace(-3, 0, d_state).repeat(d_model, 1)  # decay per step from 0.001 to 1
+        # decay per step from 0.001 to 1
+        rates = torch.logspace(-3, 0, d_state).repeat(d_model, 1)
         self.log_rate = nn.Parameter(rates.log())
-        self.b = nn.Parameter(torch.randn(d_model, d_state, generator=generator) / math.sqrt(d_state))
-        self.c = nn.Parameter(torch.randn(d_model, d_state, generator=generator) / math.sqrt(d_state))
+        self.b = nn.Parameter(
+            torch.randn(d_model, d_state, generator=generator) / math.sqrt(d_state)
+        )
+        self.c = nn.Parameter(
+            torch.randn(d_model, d_state, generator=generator) / math.sqrt(d_state)
+        )
         self.skip = nn.Parameter(torch.ones(d_model))
 
     def decay(self) -> torch.Tensor:
@@ -369,33 +486,48 @@ class DiagonalSSM(nn.Module):
         return y + self.skip * x
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Attention in applications: recommendation, documents, pairs of inputs
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 class TargetAttention(nn.Module):
-    r"""DIN's local activation unit (Zhou et al., 2018): the candidate item queries the user's history.
+    r"""DIN's local activation unit (Zhou et al., 2018): the candidate item queries the
+    user's history.
 
     .. math:: w_t = \mathrm{MLP}\big([h_t,\ e,\ h_t - e,\ h_t \odot e]\big), \qquad
               \mathrm{interest} = \sum_t w_t h_t
 
-    ``history``: ``(B, T, d)`` item embeddings, ``target``: ``(B, d)`` the candidate, ``mask``: bool
-    ``(B, T)`` (True = a real item, False = padding). DIN does **not** normalize the weights
-    (``normalize=False``): the sum keeps how *much* of the history matches, which a softmax would
-    erase (one matching item out of 50 and 50 out of 50 would look alike). ``normalize=True`` uses
-    a softmax instead. Returns ``(interest (B, d), weights (B, T))``.
+    ``history``: ``(B, T, d)`` item embeddings, ``target``: ``(B, d)`` the candidate,
+    ``mask``: bool ``(B, T)`` (True = a real item, False = padding). DIN does **not**
+    normalize the weights (``normalize=False``): the sum keeps how *much* of the history
+    matches, which a softmax would erase (one matching item out of 50 and 50 out of 50
+    would look alike). ``normalize=True`` uses a softmax instead. Returns ``(interest
+    (B, d), weights (B, T))``.
     """
 
     def __init__(self, d: int, hidden: int = 32, normalize: bool = False):
         super().__init__()
         self.d, self.normalize = d, normalize
-        self.mlp = nn.Sequential(nn.Linear(4 * d, hidden), nn.PReLU(), nn.Linear(hidden, 1))
+        self.mlp = nn.Sequential(
+            nn.Linear(4 * d, hidden), nn.PReLU(), nn.Linear(hidden, 1)
+        )
 
-    def forward(self, history: torch.Tensor, target: torch.Tensor, mask: torch.Tensor | None = None):
+    def forward(
+        self,
+        history: torch.Tensor,
+        target: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ):
         _check_seq("history", history, self.d)
         if target.shape != (history.shape[0], self.d):
-            raise ValueError(f"target must have shape (B, d) = ({history.shape[0]}, {self.d}), got {tuple(target.shape)}")
+            raise ValueError(
+                f"target must have shape (B, d) = ({history.shape[0]}, {self.d}), got "
+                f"{tuple(target.shape)}"
+            )
         e = target.unsqueeze(1).expand_as(history)
-        scores = self.mlp(torch.cat([history, e, history - e, history * e], dim=-1)).squeeze(-1)  # (B, T)
+        # (B, T)
+        scores = self.mlp(
+            torch.cat([history, e, history - e, history * e], dim=-1)
+        ).squeeze(-1)
         if self.normalize:
             weights = masked_softmax(scores, mask)
         else:
@@ -404,13 +536,17 @@ class TargetAttention(nn.Module):
 
 
 class AttentionPooling(nn.Module):
-    r"""Attention with a *learned* query (Yang et al., 2016): summarize a sequence into one vector.
+    r"""Attention with a *learned* query (Yang et al., 2016): summarize a sequence into
+    one vector.
 
-    .. math:: u_t = \tanh(W h_t + b), \quad \alpha_t = \operatorname{softmax}_t(u_t \cdot u_w), \quad s = \sum_t \alpha_t h_t
+    .. math::
 
-    ``u_w`` is a trained "context vector" asking *which positions matter for the task*. ``h``:
-    ``(B, T, d)``, ``mask``: bool ``(B, T)``. Returns ``(s (B, d), alpha (B, T))``; a fully padded
-    sequence gives zeros.
+        u_t = \tanh(W h_t + b), \quad \alpha_t = \operatorname{softmax}_t(u_t \cdot
+        u_w), \quad s = \sum_t \alpha_t h_t
+
+    ``u_w`` is a trained "context vector" asking *which positions matter for the task*.
+    ``h``: ``(B, T, d)``, ``mask``: bool ``(B, T)``. Returns ``(s (B, d), alpha (B,
+    T))``; a fully padded sequence gives zeros.
     """
 
     def __init__(self, d: int, hidden: int | None = None):
@@ -424,28 +560,42 @@ class AttentionPooling(nn.Module):
 
 
 class HierarchicalAttentionNetwork(nn.Module):
-    """Hierarchical attention network (Yang et al., 2016): words -> sentence vectors -> document vector.
+    """Hierarchical attention network (Yang et al., 2016): words -> sentence vectors ->
+    document vector.
 
-    A bidirectional GRU reads each sentence, :class:`AttentionPooling` turns its words into one
-    sentence vector; a second bidirectional GRU reads the sentence vectors, a second pooling makes
-    the document vector, a linear layer classifies it. ``docs``: ``(B, S, W)`` token ids, ``pad_id``
-    marks padding (whole padded sentences allowed). Returns ``(logits (B, n_classes),
-    word_weights (B, S, W), sentence_weights (B, S))``: two levels of "where the model looked".
+    A bidirectional GRU reads each sentence, :class:`AttentionPooling` turns its words
+    into one sentence vector; a second bidirectional GRU reads the sentence vectors, a
+    second pooling makes the document vector, a linear layer classifies it. ``docs``:
+    ``(B, S, W)`` token ids, ``pad_id`` marks padding (whole padded sentences allowed).
+    Returns ``(logits (B, n_classes), word_weights (B, S, W), sentence_weights (B,
+    S))``: two levels of "where the model looked".
     """
 
-    def __init__(self, vocab_size: int, embed_dim: int, hidden: int, n_classes: int, pad_id: int = 0):
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int,
+        hidden: int,
+        n_classes: int,
+        pad_id: int = 0,
+    ):
         super().__init__()
         self.pad_id = pad_id
         self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_id)
         self.word_rnn = nn.GRU(embed_dim, hidden, batch_first=True, bidirectional=True)
         self.word_pool = AttentionPooling(2 * hidden)
-        self.sentence_rnn = nn.GRU(2 * hidden, hidden, batch_first=True, bidirectional=True)
+        self.sentence_rnn = nn.GRU(
+            2 * hidden, hidden, batch_first=True, bidirectional=True
+        )
         self.sentence_pool = AttentionPooling(2 * hidden)
         self.classify = nn.Linear(2 * hidden, n_classes)
 
     def forward(self, docs: torch.Tensor):
         if docs.dim() != 3 or docs.dtype != torch.long:
-            raise ValueError(f"docs must be int64 token ids of shape (B, S, W), got {docs.dtype} {tuple(docs.shape)}")
+            raise ValueError(
+                f"docs must be int64 token ids of shape (B, S, W), got {docs.dtype} "
+                f"{tuple(docs.shape)}"
+            )
         B, S, W = docs.shape
         word_mask = docs != self.pad_id  # (B, S, W)
         words, _ = self.word_rnn(self.embed(docs.view(B * S, W)))  # (B*S, W, 2h)
@@ -457,7 +607,10 @@ class HierarchicalAttentionNetwork(nn.Module):
 
 
 def coattention(
-    a: torch.Tensor, b: torch.Tensor, mask_a: torch.Tensor | None = None, mask_b: torch.Tensor | None = None
+    a: torch.Tensor,
+    b: torch.Tensor,
+    mask_a: torch.Tensor | None = None,
+    mask_b: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Parallel co-attention: one affinity matrix, read in both directions.
 
@@ -465,15 +618,23 @@ def coattention(
               \tilde A = \operatorname{softmax}_{\text{rows}}(L)\, B, \quad
               \tilde B = \operatorname{softmax}_{\text{rows}}(L^\top)\, A
 
-    ``a``: ``(..., n, d)`` (e.g. question words), ``b``: ``(..., m, d)`` (e.g. image regions or
-    context words); ``mask_a`` ``(..., n)`` / ``mask_b`` ``(..., m)``: bool, True = real token.
-    Row ``i`` of ``weights_ab`` says which elements of ``b`` matter to ``a_i``, and vice versa. These
-    are two cross-attentions (scale 1) sharing one score matrix. Returns
-    ``(a_context (..., n, d), b_context (..., m, d), weights_ab (..., n, m), weights_ba (..., m, n))``.
+    ``a``: ``(..., n, d)`` (e.g. question words), ``b``: ``(..., m, d)`` (e.g. image
+    regions or context words); ``mask_a`` ``(..., n)`` / ``mask_b`` ``(..., m)``: bool,
+    True = real token. Row ``i`` of ``weights_ab`` says which elements of ``b`` matter
+    to ``a_i``, and vice versa. These are two cross-attentions (scale 1) sharing one
+    score matrix. Returns ``(a_context (..., n, d), b_context (..., m, d), weights_ab
+    (..., n, m), weights_ba (..., m, n))``.
     """
     if a.shape[-1] != b.shape[-1]:
-        raise ValueError(f"a (..., n, d) and b (..., m, d) must share d, got {tuple(a.shape)} and {tuple(b.shape)}")
+        raise ValueError(
+            f"a (..., n, d) and b (..., m, d) must share d, got {tuple(a.shape)} and "
+            f"{tuple(b.shape)}"
+        )
     affinity = a @ b.transpose(-2, -1)
-    weights_ab = masked_softmax(affinity, None if mask_b is None else mask_b.unsqueeze(-2))
-    weights_ba = masked_softmax(affinity.transpose(-2, -1), None if mask_a is None else mask_a.unsqueeze(-2))
+    weights_ab = masked_softmax(
+        affinity, None if mask_b is None else mask_b.unsqueeze(-2)
+    )
+    weights_ba = masked_softmax(
+        affinity.transpose(-2, -1), None if mask_a is None else mask_a.unsqueeze(-2)
+    )
     return weights_ab @ b, weights_ba @ a, weights_ab, weights_ba

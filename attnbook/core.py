@@ -1,13 +1,14 @@
 """Attention fundamentals: scores, masks, scaled dot-product and multi-head attention.
 
-Papers: Bahdanau, Cho & Bengio (2015) for additive scores; Luong, Pham & Manning (2015) for the
-dot and "general" scores; Vaswani et al. (2017) for scaled dot-product and multi-head attention;
-Shazeer (2019) for multi-query and Ainslie et al. (2023) for grouped-query attention;
-Xu et al. (2015) for hard vs soft attention.
+Papers: Bahdanau, Cho & Bengio (2015) for additive scores; Luong, Pham & Manning (2015)
+for the dot and "general" scores; Vaswani et al. (2017) for scaled dot-product and
+multi-head attention; Shazeer (2019) for multi-query and Ainslie et al. (2023) for
+grouped-query attention; Xu et al. (2015) for hard vs soft attention.
 
-Shapes follow ``torch.nn.functional.scaled_dot_product_attention``: queries ``(..., L, E)``,
-keys ``(..., S, E)``, values ``(..., S, Ev)``; masks broadcast to ``(..., L, S)`` and are either
-boolean (True = "may attend") or additive floats. Two deliberate differences from PyTorch:
+Shapes follow ``torch.nn.functional.scaled_dot_product_attention``: queries ``(..., L,
+E)``, keys ``(..., S, E)``, values ``(..., S, Ev)``; masks broadcast to ``(..., L, S)``
+and are either boolean (True = "may attend") or additive floats. Two deliberate
+differences from PyTorch:
 
 * causal masks are aligned **bottom-right** when ``L != S`` (query ``i`` sees keys
   ``j <= i + S - L``), which is what decoding with a KV cache needs;
@@ -36,9 +37,9 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Argument checks (errors name the argument and the shapes)
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 def _check_float(name: str, t: torch.Tensor) -> None:
     if not isinstance(t, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -50,48 +51,65 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_float(name, t)
         if t.dim() < 2:
-            raise ValueError(f"{name} must have at least 2 dimensions (..., seq, dim), got shape {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have at least 2 dimensions (..., seq, dim), got shape "
+                f"{tuple(t.shape)}"
+            )
     if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(f"q, k and v must share a dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}")
+        raise ValueError(
+            f"q, k and v must share a dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
+        )
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
-            f"q and k must have the same last dimension (head_dim), got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            "q and k must have the same last dimension (head_dim), got q "
+            f"{tuple(q.shape)} and k {tuple(k.shape)}"
         )
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(
-            f"k and v must have the same sequence length (dim -2), got k {tuple(k.shape)} and v {tuple(v.shape)}"
+            "k and v must have the same sequence length (dim -2), got k "
+            f"{tuple(k.shape)} and v {tuple(v.shape)}"
         )
     try:
         torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     except RuntimeError:
         raise ValueError(
-            f"the batch dimensions of q {tuple(q.shape)}, k {tuple(k.shape)} and v {tuple(v.shape)} do not broadcast"
+            f"the batch dimensions of q {tuple(q.shape)}, k {tuple(k.shape)} and v "
+            f"{tuple(v.shape)} do not broadcast"
         ) from None
 
 
 def _check_mask(attn_mask: torch.Tensor, target: tuple[int, ...]) -> None:
     if not isinstance(attn_mask, torch.Tensor):
-        raise ValueError(f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}")
+        raise ValueError(
+            f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}"
+        )
     if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-        raise ValueError(f"attn_mask must be bool (True = may attend) or floating (additive), got {attn_mask.dtype}")
+        raise ValueError(
+            "attn_mask must be bool (True = may attend) or floating (additive), got "
+            f"{attn_mask.dtype}"
+        )
     try:
         if torch.broadcast_shapes(attn_mask.shape, target) != torch.Size(target):
             raise RuntimeError
     except RuntimeError:
         raise ValueError(
-            f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the scores' shape {target} (..., L, S)"
+            f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the "
+            f"scores' shape {target} (..., L, S)"
         ) from None
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Masks
-# ---------------------------------------------------------------------------------------------
-def causal_mask(L: int, S: int | None = None, device: torch.device | str | None = None) -> torch.Tensor:
-    """Boolean causal mask of shape ``(L, S)``, True where query ``i`` may attend to key ``j``.
+# --------------------------------------------------------------------------------------
+def causal_mask(
+    L: int, S: int | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """Boolean causal mask of shape ``(L, S)``, True where query ``i`` may attend to key
+    ``j``.
 
-    Aligned bottom-right: ``mask[i, j] = j <= i + (S - L)``. With ``S == L`` this is the usual
-    lower triangle; with ``S > L`` (new queries appended after a cache of ``S - L`` keys) the
-    last query sees every key.
+    Aligned bottom-right: ``mask[i, j] = j <= i + (S - L)``. With ``S == L`` this is the
+    usual lower triangle; with ``S > L`` (new queries appended after a cache of ``S -
+    L`` keys) the last query sees every key.
     """
     S = L if S is None else S
     if L < 0 or S < 0:
@@ -101,78 +119,113 @@ def causal_mask(L: int, S: int | None = None, device: torch.device | str | None 
     return j <= i + (S - L)
 
 
-def padding_mask(lengths: torch.Tensor | list[int], max_len: int | None = None) -> torch.Tensor:
-    """Boolean key-padding mask of shape ``(batch, max_len)``: True on the first ``lengths[b]`` positions.
+def padding_mask(
+    lengths: torch.Tensor | list[int], max_len: int | None = None
+) -> torch.Tensor:
+    """Boolean key-padding mask of shape ``(batch, max_len)``: True on the first
+    ``lengths[b]`` positions.
 
-    For attention, broadcast it over heads and queries: ``padding_mask(lengths)[:, None, None, :]``.
+    For attention, broadcast it over heads and queries: ``padding_mask(lengths)[:, None,
+    None, :]``.
     """
     lengths = torch.as_tensor(lengths)
     if lengths.dim() != 1:
-        raise ValueError(f"lengths must be 1-D (batch,), got shape {tuple(lengths.shape)}")
+        raise ValueError(
+            f"lengths must be 1-D (batch,), got shape {tuple(lengths.shape)}"
+        )
     if (lengths < 0).any():
         raise ValueError(f"lengths must be non-negative, got {lengths.tolist()}")
     longest = int(lengths.max()) if lengths.numel() else 0
     max_len = longest if max_len is None else max_len
     if max_len < longest:
-        raise ValueError(f"max_len={max_len} is shorter than the longest length {longest}")
+        raise ValueError(
+            f"max_len={max_len} is shorter than the longest length {longest}"
+        )
     return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Alignment scores e(q, k): (..., L, E) x (..., S, E) -> (..., L, S)
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 def dot_score(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """Luong's dot score ``e_ij = q_i . k_j``. Shapes ``(..., L, E)``, ``(..., S, E)`` -> ``(..., L, S)``."""
+    """Luong's dot score ``e_ij = q_i . k_j``. Shapes ``(..., L, E)``, ``(..., S, E)``
+    -> ``(..., L, S)``."""
     if q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q and k must share the last dimension, got q {tuple(q.shape)} and k {tuple(k.shape)}")
+        raise ValueError(
+            f"q and k must share the last dimension, got q {tuple(q.shape)} and k "
+            f"{tuple(k.shape)}"
+        )
     return q @ k.transpose(-2, -1)
 
 
-def scaled_dot_score(q: torch.Tensor, k: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+def scaled_dot_score(
+    q: torch.Tensor, k: torch.Tensor, scale: float | None = None
+) -> torch.Tensor:
     """Transformer score ``e_ij = q_i . k_j / sqrt(E)`` (or ``* scale`` when given)."""
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    return dot_score(q * scale, k)  # scaling q (L x E) is cheaper than scaling the L x S scores
+    # scaling q (L x E) is cheaper than scaling the L x S scores
+    return dot_score(q * scale, k)
 
 
 def general_score(q: torch.Tensor, k: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """Luong's "general" (bilinear) score ``e_ij = q_i^T W k_j`` with ``W`` of shape ``(Eq, Ek)``.
+    """Luong's "general" (bilinear) score ``e_ij = q_i^T W k_j`` with ``W`` of shape
+    ``(Eq, Ek)``.
 
     Unlike the dot score, queries and keys may have different sizes ``Eq`` and ``Ek``.
     """
     if W.dim() != 2 or W.shape != (q.shape[-1], k.shape[-1]):
         raise ValueError(
-            f"W must have shape (Eq, Ek) = ({q.shape[-1]}, {k.shape[-1]}) for q {tuple(q.shape)} "
+            f"W must have shape (Eq, Ek) = ({q.shape[-1]}, {k.shape[-1]}) for q "
+            f"{tuple(q.shape)} "
             f"and k {tuple(k.shape)}, got {tuple(W.shape)}"
         )
     return (q @ W) @ k.transpose(-2, -1)
 
 
 def additive_score(
-    q: torch.Tensor, k: torch.Tensor, W_q: torch.Tensor, W_k: torch.Tensor, v: torch.Tensor
+    q: torch.Tensor,
+    k: torch.Tensor,
+    W_q: torch.Tensor,
+    W_k: torch.Tensor,
+    v: torch.Tensor,
 ) -> torch.Tensor:
     """Bahdanau's additive (concat) score ``e_ij = v^T tanh(W_q q_i + W_k k_j)``.
 
-    ``W_q``: ``(H, Eq)``, ``W_k``: ``(H, Ek)``, ``v``: ``(H,)``. It builds an ``(..., L, S, H)``
-    intermediate, which is why it costs more memory than a dot product.
+    ``W_q``: ``(H, Eq)``, ``W_k``: ``(H, Ek)``, ``v``: ``(H,)``. It builds an ``(..., L,
+    S, H)`` intermediate, which is why it costs more memory than a dot product.
     """
     if W_q.dim() != 2 or W_q.shape[1] != q.shape[-1]:
-        raise ValueError(f"W_q must have shape (H, Eq={q.shape[-1]}), got {tuple(W_q.shape)}")
+        raise ValueError(
+            f"W_q must have shape (H, Eq={q.shape[-1]}), got {tuple(W_q.shape)}"
+        )
     if W_k.dim() != 2 or W_k.shape != (W_q.shape[0], k.shape[-1]):
-        raise ValueError(f"W_k must have shape (H={W_q.shape[0]}, Ek={k.shape[-1]}), got {tuple(W_k.shape)}")
+        raise ValueError(
+            f"W_k must have shape (H={W_q.shape[0]}, Ek={k.shape[-1]}), got "
+            f"{tuple(W_k.shape)}"
+        )
     if v.shape != (W_q.shape[0],):
-        raise ValueError(f"v must have shape (H,) = ({W_q.shape[0]},), got {tuple(v.shape)}")
-    hidden = torch.tanh((q @ W_q.T).unsqueeze(-2) + (k @ W_k.T).unsqueeze(-3))  # (..., L, S, H)
+        raise ValueError(
+            f"v must have shape (H,) = ({W_q.shape[0]},), got {tuple(v.shape)}"
+        )
+    # (..., L, S, H)
+    hidden = torch.tanh((q @ W_q.T).unsqueeze(-2) + (k @ W_k.T).unsqueeze(-3))
     return hidden @ v
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Normalization and scaled dot-product attention
-# ---------------------------------------------------------------------------------------------
-def masked_softmax(scores: torch.Tensor, attn_mask: torch.Tensor | None = None, temperature: float = 1.0) -> torch.Tensor:
-    """Softmax over the last dimension of ``scores / temperature``, ignoring masked keys.
+# --------------------------------------------------------------------------------------
+def masked_softmax(
+    scores: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    temperature: float = 1.0,
+) -> torch.Tensor:
+    """Softmax over the last dimension of ``scores / temperature``, ignoring masked
+    keys.
 
-    ``attn_mask`` is bool (True = keep) or additive float. Rows with every key masked give zeros.
-    Low temperatures sharpen the distribution towards argmax, high ones flatten it towards uniform.
+    ``attn_mask`` is bool (True = keep) or additive float. Rows with every key masked
+    give zeros. Low temperatures sharpen the distribution towards argmax, high ones
+    flatten it towards uniform.
     """
     if temperature <= 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
@@ -185,7 +238,8 @@ def masked_softmax(scores: torch.Tensor, attn_mask: torch.Tensor | None = None, 
             scores = scores + attn_mask
     if attn_mask is None:
         return torch.softmax(scores, dim=-1)
-    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)  # rows with nothing to attend to
+    # rows with nothing to attend to
+    dead = torch.isneginf(scores).all(dim=-1, keepdim=True)
     if not dead.any():  # the common case: no extra L x S copies
         return torch.softmax(scores, dim=-1)
     weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1)
@@ -206,15 +260,20 @@ def scaled_dot_product_attention(
 ):
     r"""``softmax(q k^T * scale + mask) v``, written out step by step.
 
-    .. math:: \mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{Q K^\top}{\sqrt{d_k}} + M\right) V
+    .. math::
+
+        \mathrm{Attention}(Q, K, V) = \mathrm{softmax}\!\left(\frac{Q
+        K^\top}{\sqrt{d_k}} + M\right) V
 
     Args:
         q: ``(..., L, E)`` queries. k: ``(..., S, E)`` keys. v: ``(..., S, Ev)`` values.
-        attn_mask: bool (True = may attend) or additive float, broadcastable to ``(..., L, S)``.
+        attn_mask: bool (True = may attend) or additive float, broadcastable to
+            ``(..., L, S)``.
         is_causal: add a bottom-right aligned causal mask (see :func:`causal_mask`).
         scale: multiplies the scores; default ``1 / sqrt(E)``.
         dropout_p: attention dropout on the weights (inverted dropout, like PyTorch).
-        return_weights: also return the ``(..., L, S)`` weights that were applied (after dropout).
+        return_weights: also return the ``(..., L, S)`` weights that were applied
+            (after dropout).
         generator: random generator for the dropout mask.
 
     Returns ``(..., L, Ev)``, or ``(out, weights)`` with ``return_weights=True``.
@@ -238,15 +297,18 @@ def scaled_dot_product_attention(
             attn_mask = attn_mask.masked_fill(~causal, float("-inf"))
     weights = masked_softmax(scores, attn_mask)
     if dropout_p > 0.0:
-        keep = torch.rand(weights.shape, generator=generator, device=weights.device) >= dropout_p
+        keep = (
+            torch.rand(weights.shape, generator=generator, device=weights.device)
+            >= dropout_p
+        )
         weights = weights * keep / (1.0 - dropout_p)
     out = weights @ v
     return (out, weights) if return_weights else out
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Hard vs soft attention
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 def hard_attention_weights(
     scores: torch.Tensor,
     mode: str = "argmax",
@@ -255,21 +317,28 @@ def hard_attention_weights(
 ) -> torch.Tensor:
     """One-hot weights picking a single key per query (Xu et al., 2015).
 
-    ``mode="argmax"`` picks the best-scoring key (deterministic); ``mode="sample"`` draws a key
-    from ``softmax(scores)``, so its expectation is the soft weights. Neither is differentiable
-    with respect to the scores: training needs REINFORCE or a relaxation (Gumbel-softmax).
-    Fully masked rows give zeros.
+    ``mode="argmax"`` picks the best-scoring key (deterministic); ``mode="sample"``
+    draws a key from ``softmax(scores)``, so its expectation is the soft weights.
+    Neither is differentiable with respect to the scores: training needs REINFORCE or a
+    relaxation (Gumbel-softmax). Fully masked rows give zeros.
     """
     soft = masked_softmax(scores, attn_mask)
     alive = soft.sum(-1, keepdim=True) > 0
-    if mode == "argmax":  # argmax of the masked scores: softmax can round near-equal scores to a tie
+    # argmax of the masked scores: softmax can round near-equal scores to a tie
+    if mode == "argmax":
         if attn_mask is not None:
-            scores = scores.masked_fill(~attn_mask, float("-inf")) if attn_mask.dtype == torch.bool else scores + attn_mask
+            scores = (
+                scores.masked_fill(~attn_mask, float("-inf"))
+                if attn_mask.dtype == torch.bool
+                else scores + attn_mask
+            )
         index = scores.argmax(-1, keepdim=True)
     elif mode == "sample":
         flat = soft.reshape(-1, soft.shape[-1])
         flat = torch.where(flat.sum(-1, keepdim=True) > 0, flat, torch.ones_like(flat))
-        index = torch.multinomial(flat, 1, generator=generator).reshape(*soft.shape[:-1], 1)
+        index = torch.multinomial(flat, 1, generator=generator).reshape(
+            *soft.shape[:-1], 1
+        )
     else:
         raise ValueError(f"mode must be 'argmax' or 'sample', got {mode!r}")
     one_hot = torch.zeros_like(soft).scatter_(-1, index, 1.0)
@@ -287,34 +356,50 @@ def hard_attention(
     generator: torch.Generator | None = None,
     return_weights: bool = False,
 ):
-    """Hard attention: each query copies the value of one key chosen by :func:`hard_attention_weights`."""
+    """Hard attention: each query copies the value of one key chosen by
+    :func:`hard_attention_weights`."""
     _check_qkv(q, k, v)
-    weights = hard_attention_weights(scaled_dot_score(q, k, scale), mode, attn_mask, generator)
+    weights = hard_attention_weights(
+        scaled_dot_score(q, k, scale), mode, attn_mask, generator
+    )
     out = weights @ v
     return (out, weights) if return_weights else out
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Multi-head attention (MHA, and MQA/GQA when n_kv_heads < n_heads)
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 class MultiHeadAttention(nn.Module):
-    """Multi-head attention (Vaswani et al., 2017) with optional grouped key/value heads.
+    """Multi-head attention (Vaswani et al., 2017) with optional grouped key/value
+    heads.
 
-    ``head_i = Attention(x W_i^Q, c W_i^K, c W_i^V)``, ``MHA(x, c) = concat(head_1..h) W^O``, where
-    ``c = x`` for self-attention and the encoder output for cross-attention. With
-    ``n_kv_heads < n_heads`` every group of ``n_heads // n_kv_heads`` query heads shares one key
-    and value head (``n_kv_heads = 1``: multi-query attention), which shrinks the KV cache.
+    ``head_i = Attention(x W_i^Q, c W_i^K, c W_i^V)``, ``MHA(x, c) = concat(head_1..h)
+    W^O``, where ``c = x`` for self-attention and the encoder output for
+    cross-attention. With ``n_kv_heads < n_heads`` every group of ``n_heads //
+    n_kv_heads`` query heads shares one key and value head (``n_kv_heads = 1``:
+    multi-query attention), which shrinks the KV cache.
 
     Inputs are ``(batch, seq, d_model)``; masks broadcast to ``(batch, n_heads, L, S)``.
     """
 
-    def __init__(self, d_model: int, n_heads: int, n_kv_heads: int | None = None, dropout: float = 0.0, bias: bool = True):
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+    ):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if d_model % n_heads:
-            raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
+            raise ValueError(
+                f"d_model={d_model} must be divisible by n_heads={n_heads}"
+            )
         if n_kv_heads < 1 or n_heads % n_kv_heads:
-            raise ValueError(f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}")
+            raise ValueError(
+                f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}"
+            )
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.dropout = dropout
@@ -325,7 +410,8 @@ class MultiHeadAttention(nn.Module):
 
     def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         B, T, _ = x.shape
-        return x.view(B, T, heads, self.head_dim).transpose(1, 2)  # (B, heads, T, head_dim)
+        # (B, heads, T, head_dim)
+        return x.view(B, T, heads, self.head_dim).transpose(1, 2)
 
     def forward(
         self,
@@ -336,16 +422,24 @@ class MultiHeadAttention(nn.Module):
         is_causal: bool = False,
         return_weights: bool = False,
     ):
-        """``x``: ``(B, L, d_model)``; ``context``: ``(B, S, d_model)`` for cross-attention (default ``x``).
+        """``x``: ``(B, L, d_model)``; ``context``: ``(B, S, d_model)`` for
+        cross-attention (default ``x``).
 
-        Returns ``(B, L, d_model)``, or ``(out, weights)`` with per-head weights ``(B, n_heads, L, S)``.
+        Returns ``(B, L, d_model)``, or ``(out, weights)`` with per-head weights ``(B,
+        n_heads, L, S)``.
         """
         context = x if context is None else context
         for name, t in (("x", x), ("context", context)):
             if t.dim() != 3 or t.shape[-1] != self.d_model:
-                raise ValueError(f"{name} must have shape (batch, seq, d_model={self.d_model}), got {tuple(t.shape)}")
+                raise ValueError(
+                    f"{name} must have shape (batch, seq, d_model={self.d_model}), "
+                    f"got {tuple(t.shape)}"
+                )
         if context.shape[0] != x.shape[0]:
-            raise ValueError(f"x {tuple(x.shape)} and context {tuple(context.shape)} must have the same batch size")
+            raise ValueError(
+                f"x {tuple(x.shape)} and context {tuple(context.shape)} must have the "
+                "same batch size"
+            )
         q = self._split(self.q_proj(x), self.n_heads)
         k = self._split(self.k_proj(context), self.n_kv_heads)
         v = self._split(self.v_proj(context), self.n_kv_heads)
@@ -353,8 +447,15 @@ class MultiHeadAttention(nn.Module):
         if group > 1:  # each K/V head serves `group` query heads
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         out, weights = scaled_dot_product_attention(
-            q, k, v, attn_mask, is_causal=is_causal,
-            dropout_p=self.dropout if self.training else 0.0, return_weights=True,
+            q,
+            k,
+            v,
+            attn_mask,
+            is_causal=is_causal,
+            dropout_p=self.dropout if self.training else 0.0,
+            return_weights=True,
         )
-        out = self.out_proj(out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.d_model))
+        out = self.out_proj(
+            out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.d_model)
+        )
         return (out, weights) if return_weights else out

@@ -1,21 +1,25 @@
-"""FlashAttention in PyTorch: online softmax, tiling, recomputation (Dao et al., 2022; Dao, 2023).
+"""FlashAttention in PyTorch: online softmax, tiling, recomputation (Dao et al., 2022;
+Dao, 2023).
 
-Exact attention ``softmax(Q K^T * scale) V`` computed block by block so that the ``L x S`` score
-matrix never exists in memory. Three ideas, one function each:
+Exact attention ``softmax(Q K^T * scale) V`` computed block by block so that the ``L x
+S`` score matrix never exists in memory. Three ideas, one function each:
 
-* :func:`online_softmax`: softmax over a row seen in blocks, with a running maximum ``m`` and a
-  running normalizer ``l`` (Milakov and Gimelshein, 2018); :func:`merge_partials` is the same
-  rescaling applied to two partial attention outputs.
-* :func:`tiled_attention_forward`: the FlashAttention forward pass in tiles; it returns the output
-  and the log-sum-exp ``lse`` of every row, the only statistic the backward pass needs.
+* :func:`online_softmax`: softmax over a row seen in blocks, with a running maximum
+  ``m`` and a running normalizer ``l`` (Milakov and Gimelshein, 2018);
+  :func:`merge_partials` is the same rescaling applied to two partial attention outputs.
+* :func:`tiled_attention_forward`: the FlashAttention forward pass in tiles; it returns
+  the output and the log-sum-exp ``lse`` of every row, the only statistic the backward
+  pass needs.
 * :func:`flash_attention`: a differentiable function whose backward pass recomputes the
-  probabilities tile by tile from ``(q, k, lse)`` instead of storing them. ``backend="auto"`` runs
-  the Triton kernels of :mod:`attnbook.kernels.flash_triton` on CUDA and the PyTorch tiles elsewhere.
+  probabilities tile by tile from ``(q, k, lse)`` instead of storing them.
+  ``backend="auto"`` runs the Triton kernels of :mod:`attnbook.kernels.flash_triton` on
+  CUDA and the PyTorch tiles elsewhere.
 
-:func:`hbm_accesses` counts the slow-memory traffic of standard attention and of FlashAttention,
-the quantity FlashAttention minimizes. Conventions: tensors ``(batch, heads, seq, head_dim)``;
-causal masks are bottom-right aligned (query ``i`` sees keys ``j <= i + S - L``), as in
-:func:`attnbook.core.causal_mask`; a query that sees no key returns zeros and ``lse = -inf``.
+:func:`hbm_accesses` counts the slow-memory traffic of standard attention and of
+FlashAttention, the quantity FlashAttention minimizes. Conventions: tensors ``(batch,
+heads, seq, head_dim)``; causal masks are bottom-right aligned (query ``i`` sees keys
+``j <= i + S - L``), as in :func:`attnbook.core.causal_mask`; a query that sees no key
+returns zeros and ``lse = -inf``.
 """
 
 from __future__ import annotations
@@ -38,19 +42,20 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Online softmax
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Softmax over the last dimension of ``x``, reading it ``block_size`` entries at a time.
+    """Softmax over the last dimension of ``x``, reading it ``block_size`` entries at a
+    time.
 
-    One pass keeps, per row, the running maximum ``m`` and the normalizer ``l = sum_j exp(x_j - m)``
-    of the entries seen so far. A new block ``x_B`` updates them as
+    One pass keeps, per row, the running maximum ``m`` and the normalizer ``l = sum_j
+    exp(x_j - m)`` of the entries seen so far. A new block ``x_B`` updates them as
 
         ``m' = max(m, max(x_B))``,   ``l' = l * exp(m - m') + sum_j exp(x_Bj - m')``,
 
-    (rescaling the old sum to the new maximum), and a second pass writes ``exp(x_j - m) / l``.
-    Equal to ``torch.softmax(x, -1)``; rows that are all ``-inf`` give zeros.
+    (rescaling the old sum to the new maximum), and a second pass writes ``exp(x_j - m)
+    / l``. Equal to ``torch.softmax(x, -1)``; rows that are all ``-inf`` give zeros.
     Shapes: ``x (..., n)`` -> ``(..., n)``.
     """
     if not isinstance(block_size, int) or block_size < 1:
@@ -60,7 +65,8 @@ def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
     for start in range(0, x.shape[-1], block_size):
         block = x[..., start : start + block_size]
         m_new = torch.maximum(m, block.amax(dim=-1))
-        shift = torch.where(torch.isfinite(m_new), m_new, 0.0)  # all -inf so far: nothing to rescale
+        # all -inf so far: nothing to rescale
+        shift = torch.where(torch.isfinite(m_new), m_new, 0.0)
         l = l * torch.exp(m - shift) + torch.exp(block - shift[..., None]).sum(dim=-1)
         m = m_new
     shift = torch.where(torch.isfinite(m), m, 0.0)
@@ -72,13 +78,15 @@ def merge_partials(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine attention over two disjoint key sets into attention over their union.
 
-    ``out_x (..., L, Ev)`` is softmax attention over key set ``x`` alone and ``lse_x (..., L)`` the
-    log-sum-exp of its scores. With ``lse = log(exp(lse_a) + exp(lse_b))``,
+    ``out_x (..., L, Ev)`` is softmax attention over key set ``x`` alone and ``lse_x
+    (..., L)`` the log-sum-exp of its scores. With ``lse = log(exp(lse_a) +
+    exp(lse_b))``,
 
         ``out = exp(lse_a - lse) * out_a + exp(lse_b - lse) * out_b``.
 
-    This is the step FlashAttention takes for every new key block and flash-decoding takes to merge
-    chunks of a KV cache. A side with ``lse = -inf`` (no visible key) contributes nothing.
+    This is the step FlashAttention takes for every new key block and flash-decoding
+    takes to merge chunks of a KV cache. A side with ``lse = -inf`` (no visible key)
+    contributes nothing.
     """
     lse = torch.logaddexp(lse_a, lse_b)
     safe = torch.where(torch.isfinite(lse), lse, 0.0)
@@ -87,29 +95,35 @@ def merge_partials(
     return w_a * out_a + w_b * out_b, lse
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Tiled forward and backward (PyTorch)
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(f"{name} must be a tensor (batch, heads, seq, head_dim), got {shape}")
+            raise ValueError(
+                f"{name} must be a tensor (batch, heads, seq, head_dim), got {shape}"
+            )
     (B, H, _, E), (Bk, Hk, S, Ek), (Bv, Hv, Sv, _) = q.shape, k.shape, v.shape
     if (Bk, Hk, S) != (Bv, Hv, Sv) or Ek != E or Bk != B or Hk < 1 or H % Hk:
         raise ValueError(
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: k and v need the same batch, "
-            "heads and length, k the head_dim of q, and q's heads must be a multiple of k's (MQA/GQA)"
+            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: k and v "
+            "need the same batch, "
+            "heads and length, k the head_dim of q, and q's heads must be a multiple "
+            "of k's (MQA/GQA)"
         )
 
 
 def _expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Repeat each key/value head for its group of query heads (MQA/GQA): ``(B, Hkv, S, E) -> (B, H, S, E)``."""
+    """Repeat each key/value head for its group of query heads (MQA/GQA): ``(B, Hkv, S,
+    E) -> (B, H, S, E)``."""
     return x.repeat_interleave(n_heads // x.shape[1], dim=1)
 
 
 def _visible(rows: torch.Tensor, cols: torch.Tensor, L: int, S: int) -> torch.Tensor:
-    """Bottom-right causal mask of one tile: query ``i`` sees key ``j`` when ``j <= i + S - L``."""
+    """Bottom-right causal mask of one tile: query ``i`` sees key ``j`` when ``j <= i +
+    S - L``."""
     return cols[None, :] <= rows[:, None] + (S - L)
 
 
@@ -122,19 +136,22 @@ def tiled_attention_forward(
     block_q: int = 128,
     block_k: int = 128,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """FlashAttention's forward pass with PyTorch tiles: ``(out, lse)``, never an ``L x S`` tensor.
+    """FlashAttention's forward pass with PyTorch tiles: ``(out, lse)``, never an ``L x
+    S`` tensor.
 
-    For each query block ``Q_i`` (``block_q`` rows) and each key block ``K_j, V_j`` (``block_k``
-    rows): ``S_ij = Q_i K_j^T * scale``, then the online-softmax update of the running maximum
-    ``m``, normalizer ``l`` and unnormalized output ``acc``:
+    For each query block ``Q_i`` (``block_q`` rows) and each key block ``K_j, V_j``
+    (``block_k`` rows): ``S_ij = Q_i K_j^T * scale``, then the online-softmax update of
+    the running maximum ``m``, normalizer ``l`` and unnormalized output ``acc``:
 
-        ``m' = max(m, rowmax(S_ij))``, ``P = exp(S_ij - m')``, ``l' = l e^(m - m') + rowsum(P)``,
-        ``acc' = acc e^(m - m') + P V_j``;   finally ``out = acc / l``, ``lse = m + log l``.
+        ``m' = max(m, rowmax(S_ij))``, ``P = exp(S_ij - m')``, ``l' = l e^(m - m') +
+        rowsum(P)``, ``acc' = acc e^(m - m') + P V_j``;   finally ``out = acc / l``,
+        ``lse = m + log l``.
 
-    Key blocks entirely after the causal diagonal are skipped. The largest temporary is one
-    ``block_q x block_k`` tile per (batch, head). Shapes: ``q (B, H, L, E)``, ``k (B, Hkv, S, E)``,
-    ``v (B, Hkv, S, Ev)`` with ``H`` a multiple of ``Hkv`` -> ``out (B, H, L, Ev)``, ``lse (B, H, L)``
-    (float32 or float64). ``scale`` defaults to ``1 / sqrt(E)``.
+    Key blocks entirely after the causal diagonal are skipped. The largest temporary is
+    one ``block_q x block_k`` tile per (batch, head). Shapes: ``q (B, H, L, E)``, ``k
+    (B, Hkv, S, E)``, ``v (B, Hkv, S, Ev)`` with ``H`` a multiple of ``Hkv`` -> ``out
+    (B, H, L, Ev)``, ``lse (B, H, L)`` (float32 or float64). ``scale`` defaults to ``1 /
+    sqrt(E)``.
     """
     _check_qkv(q, k, v)
     for name, value in (("block_q", block_q), ("block_k", block_k)):
@@ -152,8 +169,11 @@ def tiled_attention_forward(
         qi = q[:, :, i0 : i0 + block_q].to(acc_dtype) * scale
         m = torch.full((B, H, len(rows)), -math.inf, dtype=acc_dtype, device=q.device)
         l = torch.zeros_like(m)
-        acc = torch.zeros(B, H, len(rows), v.shape[-1], dtype=acc_dtype, device=q.device)
-        k_end = min(S, i0 + len(rows) + S - L) if is_causal else S  # last key the block's last row sees
+        acc = torch.zeros(
+            B, H, len(rows), v.shape[-1], dtype=acc_dtype, device=q.device
+        )
+        # last key the block's last row sees
+        k_end = min(S, i0 + len(rows) + S - L) if is_causal else S
         for j0 in range(0, k_end, block_k):
             s = qi @ k[:, :, j0 : j0 + block_k].to(acc_dtype).transpose(-1, -2)
             if is_causal:
@@ -166,7 +186,9 @@ def tiled_attention_forward(
             l = l * alpha + p.sum(dim=-1)
             acc = acc * alpha[..., None] + p @ v[:, :, j0 : j0 + block_k].to(acc_dtype)
             m = m_new
-        out[:, :, i0 : i0 + block_q] = (acc / torch.where(l > 0, l, 1.0)[..., None]).to(q.dtype)
+        out[:, :, i0 : i0 + block_q] = (acc / torch.where(l > 0, l, 1.0)[..., None]).to(
+            q.dtype
+        )
         lse[:, :, i0 : i0 + block_q] = torch.where(l > 0, m + torch.log(l), -math.inf)
     return out, lse
 
@@ -183,16 +205,18 @@ def tiled_attention_backward(
     block_q: int = 128,
     block_k: int = 128,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Gradients ``(dq, dk, dv)`` of attention, recomputing the probabilities tile by tile.
+    """Gradients ``(dq, dk, dv)`` of attention, recomputing the probabilities tile by
+    tile.
 
-    With ``P_ij = exp(S_ij - lse_i)`` rebuilt from ``q, k`` and the saved ``lse``, and the pre-pass
-    ``delta_i = rowsum(dO_i * O_i)`` (equal to ``sum_j P_ij dP_ij``), every tile contributes
+    With ``P_ij = exp(S_ij - lse_i)`` rebuilt from ``q, k`` and the saved ``lse``, and
+    the pre-pass ``delta_i = rowsum(dO_i * O_i)`` (equal to ``sum_j P_ij dP_ij``), every
+    tile contributes
 
         ``dV_j += P^T dO_i``, ``dP = dO_i V_j^T``, ``dS = P * (dP - delta_i)``,
         ``dQ_i += dS K_j * scale``, ``dK_j += dS^T Q_i * scale``.
 
-    For MQA/GQA the key/value gradients of the query heads that share a key head are summed.
-    Shapes as in :func:`tiled_attention_forward`; ``grad_out`` is like ``out``.
+    For MQA/GQA the key/value gradients of the query heads that share a key head are
+    summed. Shapes as in :func:`tiled_attention_forward`; ``grad_out`` is like ``out``.
     """
     B, H, L, E = q.shape
     Hkv, S = k.shape[1], k.shape[2]
@@ -201,7 +225,8 @@ def tiled_attention_backward(
     ke, ve = _expand_kv(k, H).to(acc_dtype), _expand_kv(v, H).to(acc_dtype)
     qa, do = q.to(acc_dtype), grad_out.to(acc_dtype)
     delta = (do * out.to(acc_dtype)).sum(dim=-1)
-    lse_safe = torch.where(torch.isfinite(lse), lse, math.inf)  # rows that see nothing: P = 0
+    # rows that see nothing: P = 0
+    lse_safe = torch.where(torch.isfinite(lse), lse, math.inf)
     dq, dk, dv = torch.zeros_like(qa), torch.zeros_like(ke), torch.zeros_like(ve)
     for i0 in range(0, L, block_q):
         rows = torch.arange(i0, min(i0 + block_q, L), device=q.device)
@@ -209,7 +234,10 @@ def tiled_attention_backward(
         k_end = min(S, i0 + len(rows) + S - L) if is_causal else S
         for j0 in range(0, k_end, block_k):
             kj, vj = ke[:, :, j0 : j0 + block_k], ve[:, :, j0 : j0 + block_k]
-            p = torch.exp(qi @ kj.transpose(-1, -2) * scale - lse_safe[:, :, i0 : i0 + block_q, None])
+            p = torch.exp(
+                qi @ kj.transpose(-1, -2) * scale
+                - lse_safe[:, :, i0 : i0 + block_q, None]
+            )
             if is_causal:
                 cols = torch.arange(j0, j0 + kj.shape[2], device=q.device)
                 p = p.masked_fill(~_visible(rows, cols, L, S), 0.0)
@@ -223,9 +251,9 @@ def tiled_attention_backward(
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Backend choice and the differentiable function
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 def _triton_importable() -> bool:
     return importlib.util.find_spec("triton") is not None
 
@@ -233,25 +261,35 @@ def _triton_importable() -> bool:
 def select_backend(q: torch.Tensor, backend: str = "auto") -> str:
     """Resolve ``backend`` for inputs like ``q``: ``"triton"`` or ``"torch"``.
 
-    ``"auto"`` picks ``"triton"`` when ``q`` is on a CUDA GPU that can run the kernels (Triton
-    installed, compute capability >= 7.0, bfloat16 only on >= 8.0, head dim 16, 32, 64 or 128: the
-    rule of :func:`attnbook.kernels.plan`), else ``"torch"``. ``"triton"`` requires Triton and
-    either a CUDA tensor or Triton's CPU interpreter (environment variable ``TRITON_INTERPRET=1``,
-    slow, for tests); otherwise it raises ``RuntimeError`` saying what is missing.
+    ``"auto"`` picks ``"triton"`` when ``q`` is on a CUDA GPU that can run the kernels
+    (Triton installed, compute capability >= 7.0, bfloat16 only on >= 8.0, head dim 16,
+    32, 64 or 128: the rule of :func:`attnbook.kernels.plan`), else ``"torch"``.
+    ``"triton"`` requires Triton and either a CUDA tensor or Triton's CPU interpreter
+    (environment variable ``TRITON_INTERPRET=1``, slow, for tests); otherwise it raises
+    ``RuntimeError`` saying what is missing.
     """
     if backend not in ("auto", "torch", "triton"):
-        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+        raise ValueError(
+            f"backend must be 'auto', 'torch' or 'triton', got {backend!r}"
+        )
     if backend == "torch":
         return "torch"
-    usable = _triton_importable() and (q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1")
+    usable = _triton_importable() and (
+        q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
+    )
     if backend == "auto":
         from .kernels import plan_for
 
         return plan_for("flash", q)[0]
     if not usable:
-        missing = "the triton package" if not _triton_importable() else "a CUDA tensor (or TRITON_INTERPRET=1)"
+        missing = (
+            "the triton package"
+            if not _triton_importable()
+            else "a CUDA tensor (or TRITON_INTERPRET=1)"
+        )
         raise RuntimeError(
-            f"backend='triton' needs {missing}; q is on {q.device}. Use backend='auto' or 'torch' for the PyTorch path."
+            f"backend='triton' needs {missing}; q is on {q.device}. Use "
+            "backend='auto' or 'torch' for the PyTorch path."
         )
     return "triton"
 
@@ -266,7 +304,9 @@ class _FlashAttention(torch.autograd.Function):
 
             out, lse = flash_forward(q, k, v, is_causal=is_causal, scale=scale)
         else:
-            out, lse = tiled_attention_forward(q, k, v, is_causal=is_causal, scale=scale)
+            out, lse = tiled_attention_forward(
+                q, k, v, is_causal=is_causal, scale=scale
+            )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.is_causal, ctx.scale, ctx.backend = is_causal, scale, backend
         return out
@@ -277,9 +317,13 @@ class _FlashAttention(torch.autograd.Function):
         if ctx.backend == "triton":
             from .kernels.flash_triton import flash_backward
 
-            dq, dk, dv = flash_backward(q, k, v, out, lse, grad_out, is_causal=ctx.is_causal, scale=ctx.scale)
+            dq, dk, dv = flash_backward(
+                q, k, v, out, lse, grad_out, is_causal=ctx.is_causal, scale=ctx.scale
+            )
         else:
-            dq, dk, dv = tiled_attention_backward(q, k, v, out, lse, grad_out, is_causal=ctx.is_causal, scale=ctx.scale)
+            dq, dk, dv = tiled_attention_backward(
+                q, k, v, out, lse, grad_out, is_causal=ctx.is_causal, scale=ctx.scale
+            )
         return dq, dk, dv, None, None, None
 
 
@@ -291,14 +335,16 @@ def flash_attention(
     scale: float | None = None,
     backend: str = "auto",
 ) -> torch.Tensor:
-    """Exact, differentiable attention ``softmax(q k^T * scale [+ causal mask]) v`` in tiles.
+    """Exact, differentiable attention ``softmax(q k^T * scale [+ causal mask]) v`` in
+    tiles.
 
     Equal to ``attnbook.core.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
-    scale=scale)`` (bottom-right causal alignment) with memory ``O(L + S)`` per head beyond the
-    inputs and outputs, in the forward and the backward pass. ``backend``: ``"auto"`` (Triton on
-    CUDA, PyTorch elsewhere), ``"torch"`` or ``"triton"`` (see :func:`select_backend`). The backend
-    that ran is stored in ``flash_attention.last_backend``. Shapes: ``q (B, H, L, E)``,
-    ``k (B, Hkv, S, E)``, ``v (B, Hkv, S, Ev)``, ``H`` a multiple of ``Hkv`` -> ``(B, H, L, Ev)``.
+    scale=scale)`` (bottom-right causal alignment) with memory ``O(L + S)`` per head
+    beyond the inputs and outputs, in the forward and the backward pass. ``backend``:
+    ``"auto"`` (Triton on CUDA, PyTorch elsewhere), ``"torch"`` or ``"triton"`` (see
+    :func:`select_backend`). The backend that ran is stored in
+    ``flash_attention.last_backend``. Shapes: ``q (B, H, L, E)``, ``k (B, Hkv, S, E)``,
+    ``v (B, Hkv, S, Ev)``, ``H`` a multiple of ``Hkv`` -> ``(B, H, L, Ev)``.
     """
     _check_qkv(q, k, v)
     chosen = select_backend(q, backend)
@@ -320,17 +366,21 @@ def block_sparse_flash_attention(
 ) -> torch.Tensor:
     """Attention restricted to the active tiles of a block mask (forward only).
 
-    Equal to :func:`attnbook.sparse.block_sparse_attention` (which the ``"torch"`` backend calls);
-    the ``"triton"`` backend runs :func:`attnbook.kernels.flash_triton.block_sparse_forward`, which
-    visits only the active key blocks of each query block. ``block_mask (ceil(L / b), ceil(S / b))``
-    bool, ``b = block_size``. The backend that ran is stored in ``block_sparse_flash_attention.last_backend``.
+    Equal to :func:`attnbook.sparse.block_sparse_attention` (which the ``"torch"``
+    backend calls); the ``"triton"`` backend runs
+    :func:`attnbook.kernels.flash_triton.block_sparse_forward`, which visits only the
+    active key blocks of each query block. ``block_mask (ceil(L / b), ceil(S / b))``
+    bool, ``b = block_size``. The backend that ran is stored in
+    ``block_sparse_flash_attention.last_backend``.
     """
     chosen = select_backend(q, backend)
     block_sparse_flash_attention.last_backend = chosen
     if chosen == "triton":
         from .kernels.flash_triton import block_sparse_forward
 
-        return block_sparse_forward(q, k, v, block_mask, block_size, is_causal=is_causal)
+        return block_sparse_forward(
+            q, k, v, block_mask, block_size, is_causal=is_causal
+        )
     from .sparse import block_sparse_attention
 
     return block_sparse_attention(q, k, v, block_mask, block_size, is_causal=is_causal)
@@ -339,24 +389,37 @@ def block_sparse_flash_attention(
 block_sparse_flash_attention.last_backend = None
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # IO complexity
-# ---------------------------------------------------------------------------------------------
-def hbm_accesses(seq_len: int, head_dim: int, sram_bytes: int, bytes_per_element: int = 2) -> dict[str, int]:
-    """Elements read from and written to slow memory (HBM) by one head's attention forward pass.
+# --------------------------------------------------------------------------------------
+def hbm_accesses(
+    seq_len: int, head_dim: int, sram_bytes: int, bytes_per_element: int = 2
+) -> dict[str, int]:
+    """Elements read from and written to slow memory (HBM) by one head's attention
+    forward pass.
 
-    * ``"standard"``: read ``Q, K`` and write ``S = Q K^T``; read ``S``, write ``P = softmax(S)``;
-      read ``P, V``, write ``O``: ``4 N d + 4 N^2`` elements, i.e. ``Theta(N d + N^2)``.
-    * ``"flash"``: tiles of ``B = floor(M / (4 d))`` rows (a ``Q``, ``K``, ``V`` and output tile
-      fit in ``M = sram_bytes / bytes_per_element`` elements of SRAM), ``1 <= B <= N``. Each query
-      tile is read once and its output written once (``2 N d``), and for each of the ``ceil(N / B)``
-      query tiles all of ``K`` and ``V`` stream through (``2 N d`` each time):
-      ``2 N d + 2 N d ceil(N / B) = Theta(N^2 d^2 / M)`` once ``B < N``.
+    * ``"standard"``: read ``Q, K`` and write ``S = Q K^T``; read ``S``, write ``P =
+      softmax(S)``; read ``P, V``, write ``O``: ``4 N d + 4 N^2`` elements, i.e.
+      ``Theta(N d + N^2)``.
+    * ``"flash"``: tiles of ``B = floor(M / (4 d))`` rows (a ``Q``, ``K``, ``V`` and
+      output tile fit in ``M = sram_bytes / bytes_per_element`` elements of SRAM), ``1
+      <= B <= N``. Each query tile is read once and its output written once (``2 N d``),
+      and for each of the ``ceil(N / B)`` query tiles all of ``K`` and ``V`` stream
+      through (``2 N d`` each time): ``2 N d + 2 N d ceil(N / B) = Theta(N^2 d^2 / M)``
+      once ``B < N``.
     """
-    for name, value in (("seq_len", seq_len), ("head_dim", head_dim), ("sram_bytes", sram_bytes), ("bytes_per_element", bytes_per_element)):
+    for name, value in (
+        ("seq_len", seq_len),
+        ("head_dim", head_dim),
+        ("sram_bytes", sram_bytes),
+        ("bytes_per_element", bytes_per_element),
+    ):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     n, d = seq_len, head_dim
     m = sram_bytes // bytes_per_element
     block = min(n, max(1, m // (4 * d)))
-    return {"standard": 4 * n * d + 4 * n * n, "flash": 2 * n * d + 2 * n * d * -(-n // block)}
+    return {
+        "standard": 4 * n * d + 4 * n * n,
+        "flash": 2 * n * d + 2 * n * d * -(-n // block),
+    }

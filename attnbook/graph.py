@@ -1,19 +1,22 @@
-"""Attention on graphs: GCN (routing fixed by the graph) and GAT (routing computed from the data).
+"""Attention on graphs: GCN (routing fixed by the graph) and GAT (routing computed from
+the data).
 
-Papers: Kipf & Welling (2017) for the graph convolutional network; Velickovic et al. (2018) for the
-graph attention network; Brody, Alon & Yahav (2022) for why GAT's attention is "static".
+Papers: Kipf & Welling (2017) for the graph convolutional network; Velickovic et al.
+(2018) for the graph attention network; Brody, Alon & Yahav (2022) for why GAT's
+attention is "static".
 
 A graph with ``N`` nodes is given by node features ``x`` of shape ``(N, in_dim)`` and an
-``edge_index`` of shape ``(2, E)`` (int64): edge ``e`` carries a message from the source node
-``j = edge_index[0, e]`` to the target node ``i = edge_index[1, e]``. An undirected graph lists
-both directions. This is PyTorch Geometric's convention, and :class:`GATLayer` uses the parameter
-layout of its ``GATConv`` (``lin``, ``att_src``, ``att_dst``, ``bias``), so weights carry over.
+``edge_index`` of shape ``(2, E)`` (int64): edge ``e`` carries a message from the source
+node ``j = edge_index[0, e]`` to the target node ``i = edge_index[1, e]``. An undirected
+graph lists both directions. This is PyTorch Geometric's convention, and
+:class:`GATLayer` uses the parameter layout of its ``GATConv`` (``lin``, ``att_src``,
+``att_dst``, ``bias``), so weights carry over.
 
-A GNN layer is attention whose keys are restricted to the neighbours: every layer here computes,
-for every target node ``i``, a weighted average over its incoming edges ``j -> i``. GCN fixes the
-weights from the node degrees; GAT computes them with an additive score and a softmax over the
-incoming edges. Dot-product self-attention is the same message passing on the complete graph
-(:func:`message_passing_attention`).
+A GNN layer is attention whose keys are restricted to the neighbours: every layer here
+computes, for every target node ``i``, a weighted average over its incoming edges ``j ->
+i``. GCN fixes the weights from the node degrees; GAT computes them with an additive
+score and a softmax over the incoming edges. Dot-product self-attention is the same
+message passing on the complete graph (:func:`message_passing_attention`).
 """
 
 from __future__ import annotations
@@ -39,24 +42,34 @@ __all__ = [
 ]
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Graph utilities
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 def _check_edge_index(edge_index: torch.Tensor, num_nodes: int) -> None:
     if not isinstance(edge_index, torch.Tensor) or edge_index.dtype != torch.long:
-        raise ValueError(f"edge_index must be an int64 tensor, got {getattr(edge_index, 'dtype', type(edge_index))}")
+        raise ValueError(
+            "edge_index must be an int64 tensor, got "
+            f"{getattr(edge_index, 'dtype', type(edge_index))}"
+        )
     if edge_index.dim() != 2 or edge_index.shape[0] != 2:
-        raise ValueError(f"edge_index must have shape (2, E) (row 0 = source, row 1 = target), got {tuple(edge_index.shape)}")
+        raise ValueError(
+            "edge_index must have shape (2, E) (row 0 = source, row 1 = target), got "
+            f"{tuple(edge_index.shape)}"
+        )
     if edge_index.numel() and (edge_index.min() < 0 or edge_index.max() >= num_nodes):
-        raise ValueError(f"edge_index refers to nodes outside 0..{num_nodes - 1}: min {edge_index.min().item()}, "
-                         f"max {edge_index.max().item()}")
+        raise ValueError(
+            f"edge_index refers to nodes outside 0..{num_nodes - 1}: min "
+            f"{edge_index.min().item()}, "
+            f"max {edge_index.max().item()}"
+        )
 
 
 def add_self_loops(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """Remove the self-loops ``i -> i`` in ``edge_index`` and append exactly one per node.
+    """Remove the self-loops ``i -> i`` in ``edge_index`` and append exactly one per
+    node.
 
-    ``(2, E)`` -> ``(2, E' + N)`` where ``E'`` counts the edges that are not self-loops. Every node
-    then attends (at least) to itself, so no softmax row is empty.
+    ``(2, E)`` -> ``(2, E' + N)`` where ``E'`` counts the edges that are not self-loops.
+    Every node then attends (at least) to itself, so no softmax row is empty.
     """
     _check_edge_index(edge_index, num_nodes)
     keep = edge_index[0] != edge_index[1]
@@ -64,17 +77,27 @@ def add_self_loops(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
     return torch.cat([edge_index[:, keep], loops], dim=1)
 
 
-def complete_graph(num_nodes: int, self_loops: bool = True, device=None) -> torch.Tensor:
-    """``edge_index`` of the complete directed graph: every ``j -> i`` (with ``i -> i`` when ``self_loops``)."""
-    j, i = torch.meshgrid(torch.arange(num_nodes, device=device), torch.arange(num_nodes, device=device), indexing="xy")
-    edge_index = torch.stack([j.reshape(-1), i.reshape(-1)])  # target-major: all edges into node 0 first
+def complete_graph(
+    num_nodes: int, self_loops: bool = True, device=None
+) -> torch.Tensor:
+    """``edge_index`` of the complete directed graph: every ``j -> i`` (with ``i -> i``
+    when ``self_loops``)."""
+    j, i = torch.meshgrid(
+        torch.arange(num_nodes, device=device),
+        torch.arange(num_nodes, device=device),
+        indexing="xy",
+    )
+    # target-major: all edges into node 0 first
+    edge_index = torch.stack([j.reshape(-1), i.reshape(-1)])
     return edge_index if self_loops else edge_index[:, edge_index[0] != edge_index[1]]
 
 
 def to_dense_adjacency(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
-    """Boolean ``(N, N)`` matrix with ``adj[i, j] = True`` iff there is an edge ``j -> i``.
+    """Boolean ``(N, N)`` matrix with ``adj[i, j] = True`` iff there is an edge ``j ->
+    i``.
 
-    Rows are targets (queries) and columns sources (keys), like an attention mask: True = may attend.
+    Rows are targets (queries) and columns sources (keys), like an attention mask: True
+    = may attend.
     """
     _check_edge_index(edge_index, num_nodes)
     adj = torch.zeros(num_nodes, num_nodes, dtype=torch.bool, device=edge_index.device)
@@ -82,108 +105,152 @@ def to_dense_adjacency(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor
     return adj
 
 
-def edge_softmax(scores: torch.Tensor, target: torch.Tensor, num_nodes: int) -> torch.Tensor:
+def edge_softmax(
+    scores: torch.Tensor, target: torch.Tensor, num_nodes: int
+) -> torch.Tensor:
     r"""Softmax of edge scores over the incoming edges of each target node.
 
-    .. math:: \alpha_e = \frac{\exp s_e}{\sum_{e' : \mathrm{target}(e') = \mathrm{target}(e)} \exp s_{e'}}
+    .. math::
 
-    ``scores``: ``(E, ...)`` (e.g. ``(E, heads)``); ``target``: ``(E,)`` node ids. Returns ``(E, ...)``;
-    the weights of the edges into each node sum to 1. The per-node maximum is subtracted before
-    ``exp`` (the usual overflow guard; it cancels in the ratio).
+        \alpha_e = \frac{\exp s_e}{\sum_{e' : \mathrm{target}(e') = \mathrm{target}(e)}
+        \exp s_{e'}}
+
+    ``scores``: ``(E, ...)`` (e.g. ``(E, heads)``); ``target``: ``(E,)`` node ids.
+    Returns ``(E, ...)``; the weights of the edges into each node sum to 1. The per-node
+    maximum is subtracted before ``exp`` (the usual overflow guard; it cancels in the
+    ratio).
     """
     if target.dim() != 1 or scores.shape[0] != target.shape[0]:
-        raise ValueError(f"scores (E, ...) and target (E,) must agree, got {tuple(scores.shape)} and {tuple(target.shape)}")
+        raise ValueError(
+            f"scores (E, ...) and target (E,) must agree, got {tuple(scores.shape)} "
+            f"and {tuple(target.shape)}"
+        )
     index = target.view(-1, *([1] * (scores.dim() - 1))).expand_as(scores)
-    node_max = torch.full((num_nodes, *scores.shape[1:]), float("-inf"), dtype=scores.dtype, device=scores.device)
-    node_max = node_max.scatter_reduce(0, index, scores, reduce="amax", include_self=True)
+    node_max = torch.full(
+        (num_nodes, *scores.shape[1:]),
+        float("-inf"),
+        dtype=scores.dtype,
+        device=scores.device,
+    )
+    node_max = node_max.scatter_reduce(
+        0, index, scores, reduce="amax", include_self=True
+    )
     exp = torch.exp(scores - node_max.gather(0, index))
     node_sum = torch.zeros_like(node_max).index_add_(0, target, exp)
     return exp / node_sum.gather(0, index)
 
 
 def message_passing_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, edge_index: torch.Tensor, scale: float | None = None
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    edge_index: torch.Tensor,
+    scale: float | None = None,
 ) -> torch.Tensor:
-    r"""Dot-product attention as message passing: each node attends over its incoming edges only.
+    r"""Dot-product attention as message passing: each node attends over its incoming
+    edges only.
 
     .. math:: s_{j \to i} = \mathrm{scale}\; q_i \cdot k_j, \qquad
               \alpha_{j \to i} = \operatorname{softmax}_{j \in N(i)} s_{j \to i}, \qquad
               \mathrm{out}_i = \sum_{j \in N(i)} \alpha_{j \to i} v_j
 
-    ``q``, ``k``: ``(N, ..., E)``; ``v``: ``(N, ..., Ev)`` (node first, e.g. ``(N, heads, E)``);
-    ``scale`` defaults to ``1 / sqrt(E)``. On :func:`complete_graph` (with self-loops) this *is*
-    scaled dot-product self-attention; on a sparser graph it is attention with the mask
-    :func:`to_dense_adjacency`. Nodes with no incoming edge get zeros, like a fully masked query.
+    ``q``, ``k``: ``(N, ..., E)``; ``v``: ``(N, ..., Ev)`` (node first, e.g. ``(N,
+    heads, E)``); ``scale`` defaults to ``1 / sqrt(E)``. On :func:`complete_graph` (with
+    self-loops) this *is* scaled dot-product self-attention; on a sparser graph it is
+    attention with the mask :func:`to_dense_adjacency`. Nodes with no incoming edge get
+    zeros, like a fully masked query.
     """
     N = q.shape[0]
     if k.shape[0] != N or v.shape[0] != N or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"q, k, v must be (N, ..., E) with the same N and q, k sharing E, got "
-                         f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(
+            f"q, k, v must be (N, ..., E) with the same N and q, k sharing E, got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     _check_edge_index(edge_index, N)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     source, target = edge_index
     scores = (q[target] * k[source]).sum(-1) * scale  # (E, ...): one score per edge
     alpha = edge_softmax(scores, target, N)
     messages = alpha.unsqueeze(-1) * v[source]  # (E, ..., Ev)
-    return torch.zeros(N, *v.shape[1:], dtype=v.dtype, device=v.device).index_add_(0, target, messages)
+    return torch.zeros(N, *v.shape[1:], dtype=v.dtype, device=v.device).index_add_(
+        0, target, messages
+    )
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # GCN: the routing weights are fixed by the graph
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 class GCNLayer(nn.Module):
-    r"""Graph convolution (Kipf & Welling, 2017): :math:`H' = \hat D^{-1/2} \hat A \hat D^{-1/2} X W + b`.
+    r"""Graph convolution (Kipf & Welling, 2017): :math:`H' = \hat D^{-1/2} \hat A \hat
+    D^{-1/2} X W + b`.
 
-    :math:`\hat A = A + I` (existing self-loops replaced by one per node), :math:`\hat D` its degree
-    matrix. Per edge: ``out_i = sum_{j -> i} x_j W / sqrt(deg_i deg_j) + b``, with ``deg`` counted on
-    incoming edges. The weight of an edge depends only on the degrees, never on the features: the
-    graph fixes the routing. Layout as PyTorch Geometric's ``GCNConv``: ``lin`` (no bias) and ``bias``.
+    :math:`\hat A = A + I` (existing self-loops replaced by one per node), :math:`\hat
+    D` its degree matrix. Per edge: ``out_i = sum_{j -> i} x_j W / sqrt(deg_i deg_j) +
+    b``, with ``deg`` counted on incoming edges. The weight of an edge depends only on
+    the degrees, never on the features: the graph fixes the routing. Layout as PyTorch
+    Geometric's ``GCNConv``: ``lin`` (no bias) and ``bias``.
     """
 
-    def __init__(self, in_dim: int, out_dim: int, add_self_loops: bool = True, bias: bool = True):
+    def __init__(
+        self, in_dim: int, out_dim: int, add_self_loops: bool = True, bias: bool = True
+    ):
         super().__init__()
         self.in_dim, self.out_dim, self.add_self_loops = in_dim, out_dim, add_self_loops
         self.lin = nn.Linear(in_dim, out_dim, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_dim)) if bias else None
 
-    def edge_weights(self, edge_index: torch.Tensor, num_nodes: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The edges used (self-loops added when ``add_self_loops``) and their ``1 / sqrt(deg_i deg_j)`` weights."""
+    def edge_weights(
+        self, edge_index: torch.Tensor, num_nodes: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The edges used (self-loops added when ``add_self_loops``) and their ``1 /
+        sqrt(deg_i deg_j)`` weights."""
         if self.add_self_loops:
             edge_index = add_self_loops(edge_index, num_nodes)
         source, target = edge_index
-        deg = torch.zeros(num_nodes, device=edge_index.device).index_add_(0, target, torch.ones_like(target, dtype=torch.float))
+        deg = torch.zeros(num_nodes, device=edge_index.device).index_add_(
+            0, target, torch.ones_like(target, dtype=torch.float)
+        )
         inv_sqrt = deg.pow(-0.5).masked_fill(deg == 0, 0.0)
         return edge_index, inv_sqrt[source] * inv_sqrt[target]
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         """``x``: ``(N, in_dim)``, ``edge_index``: ``(2, E)`` -> ``(N, out_dim)``."""
         if x.dim() != 2 or x.shape[1] != self.in_dim:
-            raise ValueError(f"x must have shape (N, in_dim={self.in_dim}), got {tuple(x.shape)}")
+            raise ValueError(
+                f"x must have shape (N, in_dim={self.in_dim}), got {tuple(x.shape)}"
+            )
         _check_edge_index(edge_index, x.shape[0])
         edge_index, weight = self.edge_weights(edge_index, x.shape[0])
         h = self.lin(x)
         source, target = edge_index
-        out = torch.zeros_like(h).index_add_(0, target, weight.to(h.dtype)[:, None] * h[source])
+        out = torch.zeros_like(h).index_add_(
+            0, target, weight.to(h.dtype)[:, None] * h[source]
+        )
         return out if self.bias is None else out + self.bias
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # GAT: the routing weights are computed from the data, masked by the graph
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 class GATLayer(nn.Module):
-    r"""Graph attention (Velickovic et al., 2018) with ``heads`` heads, in PyTorch Geometric's layout.
+    r"""Graph attention (Velickovic et al., 2018) with ``heads`` heads, in PyTorch
+    Geometric's layout.
 
-    For head ``h``, with :math:`z_n = W x_n` (``lin``, no bias, reshaped to ``(N, heads, out_dim)``):
+    For head ``h``, with :math:`z_n = W x_n` (``lin``, no bias, reshaped to ``(N, heads,
+    out_dim)``):
 
-    .. math:: e_{ij} = \mathrm{LeakyReLU}\big(a_{\mathrm{dst}} \cdot z_i + a_{\mathrm{src}} \cdot z_j\big), \qquad
-              \alpha_{ij} = \operatorname{softmax}_{j \in N(i) \cup \{i\}} e_{ij}, \qquad
-              h'_i = \sum_j \alpha_{ij} z_j
+    .. math:: e_{ij} = \mathrm{LeakyReLU}\big(a_{\mathrm{dst}} \cdot z_i +
+              a_{\mathrm{src}} \cdot z_j\big), \qquad \alpha_{ij} =
+              \operatorname{softmax}_{j \in N(i) \cup \{i\}} e_{ij}, \qquad h'_i =
+              \sum_j \alpha_{ij} z_j
 
-    which is the paper's :math:`a^\top [W h_i \,\|\, W h_j]` with :math:`a = [a_{\mathrm{dst}}; a_{\mathrm{src}}]`.
-    ``att_src`` and ``att_dst`` have shape ``(1, heads, out_dim)``. Existing self-loops are replaced by
-    one per node (``add_self_loops``). Heads are concatenated head-major to ``(N, heads * out_dim)``
-    (``concat=True``) or averaged to ``(N, out_dim)``; then ``bias`` is added. ``dropout`` drops
-    attention coefficients during training. The nonlinearity between layers is the caller's.
+    which is the paper's :math:`a^\top [W h_i \,\|\, W h_j]` with :math:`a =
+    [a_{\mathrm{dst}}; a_{\mathrm{src}}]`. ``att_src`` and ``att_dst`` have shape ``(1,
+    heads, out_dim)``. Existing self-loops are replaced by one per node
+    (``add_self_loops``). Heads are concatenated head-major to ``(N, heads * out_dim)``
+    (``concat=True``) or averaged to ``(N, out_dim)``; then ``bias`` is added.
+    ``dropout`` drops attention coefficients during training. The nonlinearity between
+    layers is the caller's.
     """
 
     def __init__(
@@ -198,20 +265,38 @@ class GATLayer(nn.Module):
         bias: bool = True,
     ):
         super().__init__()
-        self.in_dim, self.out_dim, self.heads, self.concat = in_dim, out_dim, heads, concat
-        self.negative_slope, self.dropout, self.add_self_loops = negative_slope, dropout, add_self_loops
+        self.in_dim, self.out_dim, self.heads, self.concat = (
+            in_dim,
+            out_dim,
+            heads,
+            concat,
+        )
+        self.negative_slope, self.dropout, self.add_self_loops = (
+            negative_slope,
+            dropout,
+            add_self_loops,
+        )
         self.lin = nn.Linear(in_dim, heads * out_dim, bias=False)
         self.att_src = nn.Parameter(torch.empty(1, heads, out_dim))
         self.att_dst = nn.Parameter(torch.empty(1, heads, out_dim))
-        self.bias = nn.Parameter(torch.zeros(heads * out_dim if concat else out_dim)) if bias else None
+        self.bias = (
+            nn.Parameter(torch.zeros(heads * out_dim if concat else out_dim))
+            if bias
+            else None
+        )
         nn.init.xavier_uniform_(self.lin.weight)
         nn.init.xavier_uniform_(self.att_src)
         nn.init.xavier_uniform_(self.att_dst)
 
-    def _project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``z = W x`` as ``(N, heads, out_dim)`` and the two halves of the score, ``(N, heads)`` each."""
+    def _project(
+        self, x: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``z = W x`` as ``(N, heads, out_dim)`` and the two halves of the score, ``(N,
+        heads)`` each."""
         if x.dim() != 2 or x.shape[1] != self.in_dim:
-            raise ValueError(f"x must have shape (N, in_dim={self.in_dim}), got {tuple(x.shape)}")
+            raise ValueError(
+                f"x must have shape (N, in_dim={self.in_dim}), got {tuple(x.shape)}"
+            )
         z = self.lin(x).view(-1, self.heads, self.out_dim)
         return z, (z * self.att_src).sum(-1), (z * self.att_dst).sum(-1)
 
@@ -219,11 +304,14 @@ class GATLayer(nn.Module):
         out = out.reshape(out.shape[0], -1) if self.concat else out.mean(dim=1)
         return out if self.bias is None else out + self.bias
 
-    def forward(self, x: torch.Tensor, edge_index: torch.Tensor, return_attention: bool = False):
-        """``x``: ``(N, in_dim)``, ``edge_index``: ``(2, E)`` -> ``(N, heads*out_dim)`` or ``(N, out_dim)``.
+    def forward(
+        self, x: torch.Tensor, edge_index: torch.Tensor, return_attention: bool = False
+    ):
+        """``x``: ``(N, in_dim)``, ``edge_index``: ``(2, E)`` -> ``(N, heads*out_dim)``
+        or ``(N, out_dim)``.
 
-        With ``return_attention=True`` also returns ``(edge_index_used, alpha)``: the edges after the
-        self-loop step, ``(2, E')``, and their weights ``(E', heads)``.
+        With ``return_attention=True`` also returns ``(edge_index_used, alpha)``: the
+        edges after the self-loop step, ``(2, E')``, and their weights ``(E', heads)``.
         """
         N = x.shape[0]
         _check_edge_index(edge_index, N)
@@ -231,46 +319,70 @@ class GATLayer(nn.Module):
             edge_index = add_self_loops(edge_index, N)
         z, s_src, s_dst = self._project(x)
         source, target = edge_index
-        e = F.leaky_relu(s_dst[target] + s_src[source], self.negative_slope)  # (E, heads)
+        # (E, heads)
+        e = F.leaky_relu(s_dst[target] + s_src[source], self.negative_slope)
         alpha = edge_softmax(e, target, N)
         alpha_used = F.dropout(alpha, self.dropout, self.training)
-        out = torch.zeros_like(z).index_add_(0, target, alpha_used.unsqueeze(-1) * z[source])
+        out = torch.zeros_like(z).index_add_(
+            0, target, alpha_used.unsqueeze(-1) * z[source]
+        )
         out = self._combine(out)
         return (out, (edge_index, alpha)) if return_attention else out
 
-    def forward_dense(self, x: torch.Tensor, adj: torch.Tensor, return_attention: bool = False):
+    def forward_dense(
+        self, x: torch.Tensor, adj: torch.Tensor, return_attention: bool = False
+    ):
         """The same layer written as masked attention over an ``(N, N)`` score matrix.
 
-        ``adj``: bool ``(N, N)``, ``adj[i, j]`` = edge ``j -> i`` (:func:`to_dense_adjacency`). The
-        scores ``e[h, i, j]`` are computed for every pair and the non-edges masked, exactly like a
-        causal mask in a decoder: the graph is the mask. Returns the output and, on request, the
-        ``(heads, N, N)`` weights. Costs ``O(N^2)`` memory, so it is for small graphs and for checking.
+        ``adj``: bool ``(N, N)``, ``adj[i, j]`` = edge ``j -> i``
+        (:func:`to_dense_adjacency`). The scores ``e[h, i, j]`` are computed for every
+        pair and the non-edges masked, exactly like a causal mask in a decoder: the
+        graph is the mask. Returns the output and, on request, the ``(heads, N, N)``
+        weights. Costs ``O(N^2)`` memory, so it is for small graphs and for checking.
         """
         N = x.shape[0]
         if adj.shape != (N, N) or adj.dtype != torch.bool:
-            raise ValueError(f"adj must be a bool (N, N) = ({N}, {N}) matrix, got {adj.dtype} {tuple(adj.shape)}")
+            raise ValueError(
+                f"adj must be a bool (N, N) = ({N}, {N}) matrix, got {adj.dtype} "
+                f"{tuple(adj.shape)}"
+            )
         if self.add_self_loops:
             adj = adj | torch.eye(N, dtype=torch.bool, device=adj.device)
         z, s_src, s_dst = self._project(x)
-        e = F.leaky_relu(s_dst.T[:, :, None] + s_src.T[:, None, :], self.negative_slope)  # (heads, N_i, N_j)
+        # (heads, N_i, N_j)
+        e = F.leaky_relu(s_dst.T[:, :, None] + s_src.T[:, None, :], self.negative_slope)
         alpha = masked_softmax(e, adj)
         alpha_used = F.dropout(alpha, self.dropout, self.training)
-        out = self._combine((alpha_used @ z.transpose(0, 1)).transpose(0, 1))  # (N, heads, out_dim)
+        # (N, heads, out_dim)
+        out = self._combine((alpha_used @ z.transpose(0, 1)).transpose(0, 1))
         return (out, alpha) if return_attention else out
 
 
 class GNN(nn.Module):
-    """Two-layer node classifier: ``layer1 -> ELU -> dropout -> layer2`` with GCN or GAT layers.
+    """Two-layer node classifier: ``layer1 -> ELU -> dropout -> layer2`` with GCN or GAT
+    layers.
 
-    ``kind="gcn"``: ``GCNLayer(in, hidden) -> GCNLayer(hidden, n_classes)``. ``kind="gat"``:
-    ``GATLayer(in, hidden, heads)`` (concatenated) ``-> GATLayer(hidden*heads, n_classes, 1)``, the
-    architecture of Velickovic et al. Returns logits ``(N, n_classes)``.
+    ``kind="gcn"``: ``GCNLayer(in, hidden) -> GCNLayer(hidden, n_classes)``.
+    ``kind="gat"``: ``GATLayer(in, hidden, heads)`` (concatenated) ``->
+    GATLayer(hidden*heads, n_classes, 1)``, the architecture of Velickovic et al.
+    Returns logits ``(N, n_classes)``.
     """
 
-    def __init__(self, kind: str, in_dim: int, hidden: int, n_classes: int, heads: int = 4, dropout: float = 0.5):
+    def __init__(
+        self,
+        kind: str,
+        in_dim: int,
+        hidden: int,
+        n_classes: int,
+        heads: int = 4,
+        dropout: float = 0.5,
+    ):
         super().__init__()
         if kind == "gcn":
-            self.layer1, self.layer2 = GCNLayer(in_dim, hidden), GCNLayer(hidden, n_classes)
+            self.layer1, self.layer2 = (
+                GCNLayer(in_dim, hidden),
+                GCNLayer(hidden, n_classes),
+            )
         elif kind == "gat":
             self.layer1 = GATLayer(in_dim, hidden, heads=heads, dropout=dropout)
             self.layer2 = GATLayer(hidden * heads, n_classes, heads=1, dropout=dropout)
@@ -289,13 +401,21 @@ def karate_club() -> dict[str, object]:
     """Zachary's karate club (34 members, 78 friendships) as tensors, via ``networkx``.
 
     Returns ``{"x": one-hot features (34, 34), "edge_index": (2, 156) both directions,
-    "y": (34,) club after the split (0 = Mr. Hi, 1 = Officer), "graph": the networkx graph}``.
-    The one-hot features say nothing but "which node": everything a model learns comes from the graph.
+    "y": (34,) club after the split (0 = Mr. Hi, 1 = Officer), "graph": the networkx
+    graph}``. The one-hot features say nothing but "which node": everything a model
+    learns comes from the graph.
     """
     import networkx as nx  # only this dataset needs networkx
 
     graph = nx.karate_club_graph()
     edges = torch.tensor(list(graph.edges()), dtype=torch.long).T
     edge_index = torch.cat([edges, edges.flip(0)], dim=1)
-    y = torch.tensor([0 if graph.nodes[n]["club"] == "Mr. Hi" else 1 for n in graph.nodes()])
-    return {"x": torch.eye(graph.number_of_nodes()), "edge_index": edge_index, "y": y, "graph": graph}
+    y = torch.tensor(
+        [0 if graph.nodes[n]["club"] == "Mr. Hi" else 1 for n in graph.nodes()]
+    )
+    return {
+        "x": torch.eye(graph.number_of_nodes()),
+        "edge_index": edge_index,
+        "y": y,
+        "graph": graph,
+    }

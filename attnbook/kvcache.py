@@ -1,22 +1,27 @@
-"""The KV cache: what autoregressive decoding keeps so it never recomputes the past (Chapter 6).
+"""The KV cache: what autoregressive decoding keeps so it never recomputes the past
+(Chapter 6).
 
-A decoder generating token ``t`` needs the keys and values of tokens ``0..t``. Those of tokens
-``0..t-1`` do not change when a token is appended (causal attention: the past never sees the
-future), so they are computed once and stored. This module implements, in the order Chapter 6
-tells them:
+A decoder generating token ``t`` needs the keys and values of tokens ``0..t``. Those of
+tokens ``0..t-1`` do not change when a token is appended (causal attention: the past
+never sees the future), so they are computed once and stored. This module implements, in
+the order Chapter 6 tells them:
 
-* :func:`kv_cache_bytes` and :data:`MODEL_CONFIGS`: how large the cache of a real model is;
-* :class:`KVCache`: preallocated ``(batch, kv_heads, max_len, head_dim)`` buffers per layer;
-* :class:`SlidingWindowKVCache`: a ring buffer keeping the last ``window`` positions (the rolling
-  buffer cache of Mistral 7B, Jiang et al., 2023);
+* :func:`kv_cache_bytes` and :data:`MODEL_CONFIGS`: how large the cache of a real model
+  is;
+* :class:`KVCache`: preallocated ``(batch, kv_heads, max_len, head_dim)`` buffers per
+  layer;
+* :class:`SlidingWindowKVCache`: a ring buffer keeping the last ``window`` positions
+  (the rolling buffer cache of Mistral 7B, Jiang et al., 2023);
 * :class:`PagedKVCache`: a pool of fixed-size blocks with one block table per sequence
   (PagedAttention, Kwon et al., 2023);
-* :func:`split_kv_attention`: split-KV ("flash-decoding") attention for one query token per
-  sequence, in PyTorch, the reference of the Triton kernel in :mod:`attnbook.kernels.decode`;
-  :func:`decode_attention` picks the kernel on CUDA and this reference elsewhere.
+* :func:`split_kv_attention`: split-KV ("flash-decoding") attention for one query token
+  per sequence, in PyTorch, the reference of the Triton kernel in
+  :mod:`attnbook.kernels.decode`; :func:`decode_attention` picks the kernel on CUDA and
+  this reference elsewhere.
 
-Grouped-query attention (Ainslie et al., 2023) and multi-query attention (Shazeer, 2019) shrink the
-cache by storing ``n_kv_heads < n_heads`` key/value heads; every cache here stores ``n_kv_heads``.
+Grouped-query attention (Ainslie et al., 2023) and multi-query attention (Shazeer, 2019)
+shrink the cache by storing ``n_kv_heads < n_heads`` key/value heads; every cache here
+stores ``n_kv_heads``.
 """
 
 from __future__ import annotations
@@ -39,14 +44,21 @@ __all__ = [
 
 
 class CacheFullError(ValueError):
-    """Raised when a write would go past a cache's capacity: nothing is ever silently dropped."""
+    """Raised when a write would go past a cache's capacity: nothing is ever silently
+    dropped."""
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # How big is the cache?
-# ---------------------------------------------------------------------------------------------
-def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, batch: int = 1,
-                   bytes_per_elem: int = 2) -> int:
+# --------------------------------------------------------------------------------------
+def kv_cache_bytes(
+    n_layers: int,
+    n_kv_heads: int,
+    head_dim: int,
+    seq_len: int,
+    batch: int = 1,
+    bytes_per_elem: int = 2,
+) -> int:
     r"""Bytes of a full KV cache.
 
     .. math::
@@ -55,67 +67,126 @@ def kv_cache_bytes(n_layers: int, n_kv_heads: int, head_dim: int, seq_len: int, 
 
     The 2 counts keys and values. ``bytes_per_elem=2`` is fp16/bf16.
     """
-    for name, value in dict(n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim, seq_len=seq_len,
-                            batch=batch, bytes_per_elem=bytes_per_elem).items():
+    for name, value in dict(
+        n_layers=n_layers,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        seq_len=seq_len,
+        batch=batch,
+        bytes_per_elem=bytes_per_elem,
+    ).items():
         if value < 0:
             raise ValueError(f"{name} must be non-negative, got {value}")
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_elem
 
 
-#: Published configurations (layers, attention heads, key/value heads, head width, context length,
-#: and Mistral's sliding window). Sources: GPT-2 (Radford et al., 2019; the released ``config.json``),
-#: Llama 2 (Touvron et al., 2023, Table 1: GQA only in the 34B/70B models), Llama 3 (Grattafiori et al.,
-#: 2024, Table 3; 8192 is Llama 3's context, 3.1 extends it to 128K), Mistral 7B (Jiang et al., 2023, Table 1).
+#: Published configurations (layers, attention heads, key/value heads, head width,
+#: context length, and Mistral's sliding window). Sources: GPT-2 (Radford et al., 2019;
+#: the released ``config.json``), Llama 2 (Touvron et al., 2023, Table 1: GQA only in
+#: the 34B/70B models), Llama 3 (Grattafiori et al., 2024, Table 3; 8192 is Llama 3's
+#: context, 3.1 extends it to 128K), Mistral 7B (Jiang et al., 2023, Table 1).
 MODEL_CONFIGS: dict[str, dict[str, int]] = {
-    "GPT-2 small": dict(n_layers=12, n_heads=12, n_kv_heads=12, head_dim=64, context=1024),
-    "Llama-2-7B": dict(n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128, context=4096),
-    "Llama-2-70B": dict(n_layers=80, n_heads=64, n_kv_heads=8, head_dim=128, context=4096),
-    "Llama-3-8B": dict(n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, context=8192),
-    "Mistral-7B": dict(n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, context=8192, window=4096),
+    "GPT-2 small": dict(
+        n_layers=12, n_heads=12, n_kv_heads=12, head_dim=64, context=1024
+    ),
+    "Llama-2-7B": dict(
+        n_layers=32, n_heads=32, n_kv_heads=32, head_dim=128, context=4096
+    ),
+    "Llama-2-70B": dict(
+        n_layers=80, n_heads=64, n_kv_heads=8, head_dim=128, context=4096
+    ),
+    "Llama-3-8B": dict(
+        n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, context=8192
+    ),
+    "Mistral-7B": dict(
+        n_layers=32, n_heads=32, n_kv_heads=8, head_dim=128, context=8192, window=4096
+    ),
 }
 
 
-def model_cache_table(bytes_per_elem: int = 2, batch: int = 1) -> list[dict[str, float]]:
-    """One row per model of :data:`MODEL_CONFIGS`: cache KiB per token, MiB at the full context.
+def model_cache_table(
+    bytes_per_elem: int = 2, batch: int = 1
+) -> list[dict[str, float]]:
+    """One row per model of :data:`MODEL_CONFIGS`: cache KiB per token, MiB at the full
+    context.
 
-    With a sliding window (Mistral) the cache never holds more than ``window`` positions, so the
-    ``cached positions`` column is ``min(context, window)``.
+    With a sliding window (Mistral) the cache never holds more than ``window``
+    positions, so the ``cached positions`` column is ``min(context, window)``.
     """
     rows = []
     for name, cfg in MODEL_CONFIGS.items():
         positions = min(cfg["context"], cfg.get("window", cfg["context"]))
-        per_token = kv_cache_bytes(cfg["n_layers"], cfg["n_kv_heads"], cfg["head_dim"], 1, batch, bytes_per_elem)
-        rows.append(dict(model=name, **cfg, cached_positions=positions, kib_per_token=per_token / 1024,
-                         mib_at_context=per_token * positions / 2**20))
+        per_token = kv_cache_bytes(
+            cfg["n_layers"],
+            cfg["n_kv_heads"],
+            cfg["head_dim"],
+            1,
+            batch,
+            bytes_per_elem,
+        )
+        rows.append(
+            dict(
+                model=name,
+                **cfg,
+                cached_positions=positions,
+                kib_per_token=per_token / 1024,
+                mib_at_context=per_token * positions / 2**20,
+            )
+        )
     return rows
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Caches
-# ---------------------------------------------------------------------------------------------
-def _check_new(name: str, k_new: torch.Tensor, v_new: torch.Tensor, leading: tuple[int, ...], head_dim: int) -> None:
+# --------------------------------------------------------------------------------------
+def _check_new(
+    name: str,
+    k_new: torch.Tensor,
+    v_new: torch.Tensor,
+    leading: tuple[int, ...],
+    head_dim: int,
+) -> None:
     """``k_new`` and ``v_new`` must both have shape ``leading + (T, head_dim)``."""
-    if k_new.shape != v_new.shape or tuple(k_new.shape[:-2]) != leading or k_new.shape[-1] != head_dim:
-        raise ValueError(f"{name}: k_new and v_new must have shape {leading + ('T', head_dim)}, "
-                         f"got {tuple(k_new.shape)} and {tuple(v_new.shape)}")
+    if (
+        k_new.shape != v_new.shape
+        or tuple(k_new.shape[:-2]) != leading
+        or k_new.shape[-1] != head_dim
+    ):
+        raise ValueError(
+            f"{name}: k_new and v_new must have shape {leading + ('T', head_dim)}, "
+            f"got {tuple(k_new.shape)} and {tuple(v_new.shape)}"
+        )
 
 
 class KVCache:
-    """A static KV cache: one preallocated ``(batch, n_kv_heads, max_len, head_dim)`` buffer per layer for
-    keys and one for values (``self.k``, ``self.v`` have shape ``(n_layers, batch, n_kv_heads, max_len, head_dim)``).
+    """A static KV cache: one preallocated ``(batch, n_kv_heads, max_len, head_dim)``
+    buffer per layer for keys and one for values (``self.k``, ``self.v`` have shape
+    ``(n_layers, batch, n_kv_heads, max_len, head_dim)``).
 
-    ``update(layer, k_new, v_new)`` writes ``T`` new positions ``(batch, n_kv_heads, T, head_dim)`` after
-    the ones that layer already holds and returns views of all valid positions, ``(..., length + T, head_dim)``.
-    ``length`` is the number of positions every layer holds: inside one forward pass, layer ``l`` reads the
-    same ``length`` before its own update, which is the position offset of the new tokens.
-    Writing past ``max_len`` raises :class:`CacheFullError`.
+    ``update(layer, k_new, v_new)`` writes ``T`` new positions ``(batch, n_kv_heads, T,
+    head_dim)`` after the ones that layer already holds and returns views of all valid
+    positions, ``(..., length + T, head_dim)``. ``length`` is the number of positions
+    every layer holds: inside one forward pass, layer ``l`` reads the same ``length``
+    before its own update, which is the position offset of the new tokens. Writing past
+    ``max_len`` raises :class:`CacheFullError`.
     """
 
-    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, head_dim: int, max_len: int,
-                 dtype: torch.dtype = torch.float32, device=None):
+    def __init__(
+        self,
+        n_layers: int,
+        batch: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+    ):
         if min(n_layers, batch, n_kv_heads, head_dim, max_len) < 1:
-            raise ValueError("n_layers, batch, n_kv_heads, head_dim and max_len must be positive, got "
-                             f"{(n_layers, batch, n_kv_heads, head_dim, max_len)}")
+            raise ValueError(
+                "n_layers, batch, n_kv_heads, head_dim and max_len must be positive, "
+                "got "
+                f"{(n_layers, batch, n_kv_heads, head_dim, max_len)}"
+            )
         self.max_len = max_len
         shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
@@ -126,16 +197,23 @@ class KVCache:
     def length(self) -> int:
         return min(self.lengths)
 
-    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        _check_new("KVCache.update", k_new, v_new, tuple(self.k.shape[1:3]), self.k.shape[-1])
+    def update(
+        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_new(
+            "KVCache.update", k_new, v_new, tuple(self.k.shape[1:3]), self.k.shape[-1]
+        )
         start, T = self.lengths[layer], k_new.shape[-2]
         if start + T > self.max_len:
-            raise CacheFullError(f"KVCache.update: layer {layer} holds {start} positions, appending {T} would "
-                                 f"exceed max_len={self.max_len}")
-        self.k[layer, :, :, start:start + T] = k_new
-        self.v[layer, :, :, start:start + T] = v_new
+            raise CacheFullError(
+                f"KVCache.update: layer {layer} holds {start} positions, appending "
+                f"{T} would "
+                f"exceed max_len={self.max_len}"
+            )
+        self.k[layer, :, :, start : start + T] = k_new
+        self.v[layer, :, :, start : start + T] = v_new
         self.lengths[layer] = start + T
-        return self.k[layer, :, :, :start + T], self.v[layer, :, :, :start + T]
+        return self.k[layer, :, :, : start + T], self.v[layer, :, :, : start + T]
 
     def reset(self) -> None:
         """Forget every position (the buffers stay allocated)."""
@@ -143,56 +221,93 @@ class KVCache:
 
 
 class SlidingWindowKVCache(KVCache):
-    """A ring buffer of the last ``window`` positions per layer (Mistral's rolling buffer cache).
+    """A ring buffer of the last ``window`` positions per layer (Mistral's rolling
+    buffer cache).
 
-    Position ``p`` lives in slot ``p mod window``, so memory is ``window`` positions however long the
-    sequence. ``update(layer, k_new, v_new)`` returns the keys and values the ``T`` new queries may
-    need, oldest first: the ``min(length, window)`` retained positions followed by the ``T`` new ones
-    (a query at position ``p`` must still mask keys before ``p - window + 1`` itself). It then keeps the
-    last ``window`` of them. ``length`` counts every position ever appended; nothing overflows.
+    Position ``p`` lives in slot ``p mod window``, so memory is ``window`` positions
+    however long the sequence. ``update(layer, k_new, v_new)`` returns the keys and
+    values the ``T`` new queries may need, oldest first: the ``min(length, window)``
+    retained positions followed by the ``T`` new ones (a query at position ``p`` must
+    still mask keys before ``p - window + 1`` itself). It then keeps the last ``window``
+    of them. ``length`` counts every position ever appended; nothing overflows.
     """
 
-    def __init__(self, n_layers: int, batch: int, n_kv_heads: int, head_dim: int, window: int,
-                 dtype: torch.dtype = torch.float32, device=None):
+    def __init__(
+        self,
+        n_layers: int,
+        batch: int,
+        n_kv_heads: int,
+        head_dim: int,
+        window: int,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+    ):
         super().__init__(n_layers, batch, n_kv_heads, head_dim, window, dtype, device)
         self.window = window
 
     def retained(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """The retained keys and values of ``layer`` in position order, ``(..., min(length, window), head_dim)``."""
+        """The retained keys and values of ``layer`` in position order, ``(...,
+        min(length, window), head_dim)``."""
         n = self.lengths[layer]
-        slots = torch.arange(max(0, n - self.window), n, device=self.k.device) % self.window
+        slots = (
+            torch.arange(max(0, n - self.window), n, device=self.k.device) % self.window
+        )
         return self.k[layer][:, :, slots], self.v[layer][:, :, slots]
 
-    def update(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        _check_new("SlidingWindowKVCache.update", k_new, v_new, tuple(self.k.shape[1:3]), self.k.shape[-1])
+    def update(
+        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_new(
+            "SlidingWindowKVCache.update",
+            k_new,
+            v_new,
+            tuple(self.k.shape[1:3]),
+            self.k.shape[-1],
+        )
         k_old, v_old = self.retained(layer)
-        k_all, v_all = torch.cat((k_old, k_new), dim=-2), torch.cat((v_old, v_new), dim=-2)
+        k_all, v_all = (
+            torch.cat((k_old, k_new), dim=-2),
+            torch.cat((v_old, v_new), dim=-2),
+        )
         n, T = self.lengths[layer], k_new.shape[-2]
         keep = min(T, self.window)  # only the last `window` new positions survive
         slots = torch.arange(n + T - keep, n + T, device=self.k.device) % self.window
-        self.k[layer][:, :, slots] = k_new[..., T - keep:, :]
-        self.v[layer][:, :, slots] = v_new[..., T - keep:, :]
+        self.k[layer][:, :, slots] = k_new[..., T - keep :, :]
+        self.v[layer][:, :, slots] = v_new[..., T - keep :, :]
         self.lengths[layer] = n + T
         return k_all, v_all
 
 
 class PagedKVCache:
-    """One layer's KV cache as a pool of ``n_blocks`` blocks of ``block_size`` positions (PagedAttention).
+    """One layer's KV cache as a pool of ``n_blocks`` blocks of ``block_size`` positions
+    (PagedAttention).
 
-    ``k_pool``, ``v_pool``: ``(n_blocks, n_kv_heads, block_size, head_dim)``, shared by all sequences.
-    Each sequence has a block table (the list of its blocks, in order): position ``p`` of a sequence lives
-    in block ``table[p // block_size]`` at offset ``p % block_size``. Blocks are taken from the free list
-    only when the last one is full, so a sequence wastes at most ``block_size - 1`` slots, all in its last
-    block, instead of the ``max_len - length`` a contiguous reservation wastes.
+    ``k_pool``, ``v_pool``: ``(n_blocks, n_kv_heads, block_size, head_dim)``, shared by
+    all sequences. Each sequence has a block table (the list of its blocks, in order):
+    position ``p`` of a sequence lives in block ``table[p // block_size]`` at offset ``p
+    % block_size``. Blocks are taken from the free list only when the last one is full,
+    so a sequence wastes at most ``block_size - 1`` slots, all in its last block,
+    instead of the ``max_len - length`` a contiguous reservation wastes.
     """
 
-    def __init__(self, n_blocks: int, block_size: int, n_kv_heads: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device=None):
+    def __init__(
+        self,
+        n_blocks: int,
+        block_size: int,
+        n_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+    ):
         if min(n_blocks, block_size, n_kv_heads, head_dim) < 1:
-            raise ValueError("n_blocks, block_size, n_kv_heads and head_dim must be positive, got "
-                             f"{(n_blocks, block_size, n_kv_heads, head_dim)}")
+            raise ValueError(
+                "n_blocks, block_size, n_kv_heads and head_dim must be positive, got "
+                f"{(n_blocks, block_size, n_kv_heads, head_dim)}"
+            )
         self.block_size = block_size
-        self.k_pool = torch.zeros(n_blocks, n_kv_heads, block_size, head_dim, dtype=dtype, device=device)
+        self.k_pool = torch.zeros(
+            n_blocks, n_kv_heads, block_size, head_dim, dtype=dtype, device=device
+        )
         self.v_pool = torch.zeros_like(self.k_pool)
         self.free_blocks = list(range(n_blocks))
         self.block_tables: dict[object, list[int]] = {}
@@ -210,14 +325,19 @@ class PagedKVCache:
         return self.block_tables[seq_id]
 
     def append(self, seq_id, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Append ``T`` positions ``k, v: (n_kv_heads, T, head_dim)`` to ``seq_id``, taking blocks as needed."""
+        """Append ``T`` positions ``k, v: (n_kv_heads, T, head_dim)`` to ``seq_id``,
+        taking blocks as needed."""
         table = self._table(seq_id)
-        _check_new("PagedKVCache.append", k, v, (self.k_pool.shape[1],), self.k_pool.shape[-1])
+        _check_new(
+            "PagedKVCache.append", k, v, (self.k_pool.shape[1],), self.k_pool.shape[-1]
+        )
         n, T = self.lengths[seq_id], k.shape[-2]
         needed = -(-(n + T) // self.block_size) - len(table)
         if needed > len(self.free_blocks):
-            raise CacheFullError(f"PagedKVCache.append: sequence {seq_id!r} needs {needed} more blocks, "
-                                 f"only {len(self.free_blocks)} are free")
+            raise CacheFullError(
+                f"PagedKVCache.append: sequence {seq_id!r} needs {needed} more blocks, "
+                f"only {len(self.free_blocks)} are free"
+            )
         table.extend(self.free_blocks.pop(0) for _ in range(needed))
         positions = torch.arange(n, n + T)
         blocks = torch.tensor(table, dtype=torch.long)[positions // self.block_size]
@@ -226,9 +346,11 @@ class PagedKVCache:
         self.lengths[seq_id] = n + T
 
     def gather(self, seq_id) -> tuple[torch.Tensor, torch.Tensor]:
-        """The contiguous ``(n_kv_heads, length, head_dim)`` keys and values of ``seq_id``."""
+        """The contiguous ``(n_kv_heads, length, head_dim)`` keys and values of
+        ``seq_id``."""
         table, n = self._table(seq_id), self.lengths[seq_id]
-        k = self.k_pool[table].transpose(0, 1).flatten(1, 2)[:, :n]  # (h, blocks * block_size, d) -> valid
+        # (h, blocks * block_size, d) -> valid
+        k = self.k_pool[table].transpose(0, 1).flatten(1, 2)[:, :n]
         v = self.v_pool[table].transpose(0, 1).flatten(1, 2)[:, :n]
         return k, v
 
@@ -238,46 +360,86 @@ class PagedKVCache:
         del self.block_tables[seq_id], self.lengths[seq_id]
 
     def wasted_slots(self) -> int:
-        """Allocated but unused slots, summed over sequences: ``blocks * block_size - length`` each."""
-        return sum(len(t) * self.block_size - self.lengths[s] for s, t in self.block_tables.items())
+        """Allocated but unused slots, summed over sequences: ``blocks * block_size -
+        length`` each."""
+        return sum(
+            len(t) * self.block_size - self.lengths[s]
+            for s, t in self.block_tables.items()
+        )
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Split-KV decoding (flash-decoding)
-# ---------------------------------------------------------------------------------------------
-def _check_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor) -> None:
+# --------------------------------------------------------------------------------------
+def _check_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+) -> None:
     if q.dim() != 4 or q.shape[2] != 1:
-        raise ValueError(f"q must have shape (batch, heads, 1, head_dim), got {tuple(q.shape)}")
-    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or k_cache.shape[0] != q.shape[0] \
-            or k_cache.shape[-1] != q.shape[-1] or q.shape[1] % k_cache.shape[1]:
-        raise ValueError("k_cache and v_cache must have shape (batch, kv_heads, max_len, head_dim) with heads a "
-                         f"multiple of kv_heads; got q {tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, "
-                         f"v_cache {tuple(v_cache.shape)}")
+        raise ValueError(
+            f"q must have shape (batch, heads, 1, head_dim), got {tuple(q.shape)}"
+        )
+    if (
+        k_cache.dim() != 4
+        or k_cache.shape != v_cache.shape
+        or k_cache.shape[0] != q.shape[0]
+        or k_cache.shape[-1] != q.shape[-1]
+        or q.shape[1] % k_cache.shape[1]
+    ):
+        raise ValueError(
+            "k_cache and v_cache must have shape (batch, kv_heads, max_len, head_dim) "
+            "with heads a "
+            f"multiple of kv_heads; got q {tuple(q.shape)}, k_cache "
+            f"{tuple(k_cache.shape)}, "
+            f"v_cache {tuple(v_cache.shape)}"
+        )
     if cache_seqlens.shape != (q.shape[0],) or cache_seqlens.is_floating_point():
-        raise ValueError(f"cache_seqlens must be an integer tensor of shape ({q.shape[0]},), got "
-                         f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}")
-    if len(cache_seqlens) and (int(cache_seqlens.max()) > k_cache.shape[2] or int(cache_seqlens.min()) < 0):
-        raise ValueError(f"cache_seqlens must lie in [0, max_len={k_cache.shape[2]}], got {cache_seqlens.tolist()}")
+        raise ValueError(
+            f"cache_seqlens must be an integer tensor of shape ({q.shape[0]},), got "
+            f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}"
+        )
+    if len(cache_seqlens) and (
+        int(cache_seqlens.max()) > k_cache.shape[2] or int(cache_seqlens.min()) < 0
+    ):
+        raise ValueError(
+            f"cache_seqlens must lie in [0, max_len={k_cache.shape[2]}], got "
+            f"{cache_seqlens.tolist()}"
+        )
 
 
-def split_kv_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
-                       num_splits: int = 4, scale: float | None = None) -> torch.Tensor:
-    r"""Attention of one query token per sequence over the first ``cache_seqlens[b]`` cached positions,
-    computed split by split and merged with the log-sum-exp (the algorithm of the Triton kernel).
+def split_kv_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    num_splits: int = 4,
+    scale: float | None = None,
+) -> torch.Tensor:
+    r"""Attention of one query token per sequence over the first ``cache_seqlens[b]``
+    cached positions, computed split by split and merged with the log-sum-exp (the
+    algorithm of the Triton kernel).
 
-    The ``max_len`` positions are cut into ``num_splits`` chunks of ``ceil(max_len / num_splits)``. Each
-    chunk ``s`` computes, for its valid keys, ``m_s = max_j x_j``, ``l_s = sum_j exp(x_j - m_s)``,
-    ``o_s = sum_j exp(x_j - m_s) v_j / l_s`` and ``lse_s = m_s + log l_s``. The merge is exact:
+    The ``max_len`` positions are cut into ``num_splits`` chunks of ``ceil(max_len /
+    num_splits)``. Each chunk ``s`` computes, for its valid keys, ``m_s = max_j x_j``,
+    ``l_s = sum_j exp(x_j - m_s)``, ``o_s = sum_j exp(x_j - m_s) v_j / l_s`` and ``lse_s
+    = m_s + log l_s``. The merge is exact:
 
-    .. math:: o = \sum_s w_s\, o_s, \qquad w_s = \frac{\exp(\mathrm{lse}_s)}{\sum_{s'} \exp(\mathrm{lse}_{s'})}
+    .. math::
+
+        o = \sum_s w_s\, o_s, \qquad w_s = \frac{\exp(\mathrm{lse}_s)}{\sum_{s'}
+        \exp(\mathrm{lse}_{s'})}
 
     Args:
         q: ``(batch, heads, 1, head_dim)``.
-        k_cache, v_cache: ``(batch, kv_heads, max_len, head_dim)``; ``heads`` a multiple of ``kv_heads``
-            (query head ``h`` reads key/value head ``h // (heads // kv_heads)``).
+        k_cache, v_cache: ``(batch, kv_heads, max_len, head_dim)``; ``heads`` a multiple
+            of ``kv_heads`` (query head ``h`` reads key/value head ``h // (heads //
+            kv_heads)``).
         cache_seqlens: ``(batch,)`` integers, the valid length of each sequence's cache.
 
-    Returns ``(batch, heads, 1, head_dim)``; a sequence with length 0 gets zeros. Splits run in fp32.
+    Returns ``(batch, heads, 1, head_dim)``; a sequence with length 0 gets zeros. Splits
+    run in fp32.
     """
     _check_decode(q, k_cache, v_cache, cache_seqlens)
     if num_splits < 1:
@@ -287,33 +449,57 @@ def split_kv_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Te
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     split_len = max(1, math.ceil(S / num_splits))
     pad = split_len * num_splits - S
-    k = torch.nn.functional.pad(k_cache.float(), (0, 0, 0, pad)).repeat_interleave(group, dim=1)
-    v = torch.nn.functional.pad(v_cache.float(), (0, 0, 0, pad)).repeat_interleave(group, dim=1)
+    k = torch.nn.functional.pad(k_cache.float(), (0, 0, 0, pad)).repeat_interleave(
+        group, dim=1
+    )
+    v = torch.nn.functional.pad(v_cache.float(), (0, 0, 0, pad)).repeat_interleave(
+        group, dim=1
+    )
     scores = torch.einsum("bhd,bhsd->bhs", q[:, :, 0].float(), k) * scale
-    valid = torch.arange(S + pad, device=q.device)[None, :] < cache_seqlens.to(q.device)[:, None]  # (B, S + pad)
-    scores = scores.masked_fill(~valid[:, None], float("-inf")).view(B, H, num_splits, split_len)
+    # (B, S + pad)
+    valid = (
+        torch.arange(S + pad, device=q.device)[None, :]
+        < cache_seqlens.to(q.device)[:, None]
+    )
+    scores = scores.masked_fill(~valid[:, None], float("-inf")).view(
+        B, H, num_splits, split_len
+    )
     m = scores.amax(-1)  # (B, H, splits); -inf for an empty split
     m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     p = torch.exp(scores - m_safe[..., None])
     l = p.sum(-1)
-    o = torch.einsum("bhns,bhnsd->bhnd", p, v.view(B, H, num_splits, split_len, d)) / l.clamp_min(1e-30)[..., None]
+    o = (
+        torch.einsum("bhns,bhnsd->bhnd", p, v.view(B, H, num_splits, split_len, d))
+        / l.clamp_min(1e-30)[..., None]
+    )
     lse = m_safe + torch.log(l)  # -inf for an empty split
-    # merge: weights exp(lse_s - max lse), zero for empty splits (and for empty sequences)
+    # merge: weights exp(lse_s - max lse), zero for empty splits (and for empty
+    # sequences)
     top = lse.amax(-1, keepdim=True)
     w = torch.exp(lse - torch.where(torch.isinf(top), torch.zeros_like(top), top))
     out = (w[..., None] * o).sum(-2) / w.sum(-1).clamp_min(1e-30)[..., None]
     return out.unsqueeze(2).to(q.dtype)
 
 
-def decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, cache_seqlens: torch.Tensor,
-                     num_splits: int | None = None, backend: str = "auto") -> torch.Tensor:
-    """Split-KV decoding: the Triton kernel (:func:`attnbook.kernels.decode.decode_attention`) when
-    ``backend="triton"`` or, with ``"auto"``, when the tensors are on a CUDA GPU that can run it
-    (:func:`attnbook.kernels.plan`); :func:`split_kv_attention` (``backend="torch"``) otherwise. Shapes as in :func:`split_kv_attention`; ``decode_attention.last_backend``
-    records which one ran.
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    num_splits: int | None = None,
+    backend: str = "auto",
+) -> torch.Tensor:
+    """Split-KV decoding: the Triton kernel
+    (:func:`attnbook.kernels.decode.decode_attention`) when ``backend="triton"`` or,
+    with ``"auto"``, when the tensors are on a CUDA GPU that can run it
+    (:func:`attnbook.kernels.plan`); :func:`split_kv_attention` (``backend="torch"``)
+    otherwise. Shapes as in :func:`split_kv_attention`;
+    ``decode_attention.last_backend`` records which one ran.
     """
     if backend not in ("auto", "triton", "torch"):
-        raise ValueError(f"backend must be 'auto', 'triton' or 'torch', got {backend!r}")
+        raise ValueError(
+            f"backend must be 'auto', 'triton' or 'torch', got {backend!r}"
+        )
     if backend == "auto":
         from .kernels import plan_for
 

@@ -1,24 +1,30 @@
-"""Small transformers to train in the chapters: a causal ``TinyGPT`` and a bidirectional ``TinyEncoder``.
+"""Small transformers to train in the chapters: a causal ``TinyGPT`` and a bidirectional
+``TinyEncoder``.
 
-nanoGPT-style (Radford et al., 2019 for the pre-norm GPT-2 block): a config dataclass, then one
-small class per idea (attention, MLP, block, model). What is special here is that the positional
-scheme is a setting, so Chapter 3 can train the same network with each of
+nanoGPT-style (Radford et al., 2019 for the pre-norm GPT-2 block): a config dataclass,
+then one small class per idea (attention, MLP, block, model). What is special here is
+that the positional scheme is a setting, so Chapter 3 can train the same network with
+each of
 
-* ``"none"``: no position information at all (a causal mask still leaks some, see Chapter 3);
+* ``"none"``: no position information at all (a causal mask still leaks some, see
+  Chapter 3);
 * ``"sinusoidal"`` / ``"learned"``: absolute vectors added to the token embeddings;
 * ``"t5"``: T5's bucketed relative bias, one table shared by all layers;
 * ``"alibi"``: ALiBi's fixed linear bias;
 * ``"rope"``: rotary embeddings applied to queries and keys in every layer.
 
-Attention runs through :func:`attnbook.core.scaled_dot_product_attention` (an additive bias for t5
-and alibi) with the projection layout of :class:`attnbook.core.MultiHeadAttention` (``q_proj``,
-``k_proj``, ``v_proj``, ``out_proj``; ``n_kv_heads < n_heads`` gives grouped-query attention).
+Attention runs through :func:`attnbook.core.scaled_dot_product_attention` (an additive
+bias for t5 and alibi) with the projection layout of
+:class:`attnbook.core.MultiHeadAttention` (``q_proj``, ``k_proj``, ``v_proj``,
+``out_proj``; ``n_kv_heads < n_heads`` gives grouped-query attention).
 
 ``TinyGPT.generate`` decodes greedily or by sampling, with or without a KV cache
-(:class:`attnbook.kvcache.KVCache`, Chapter 6). With a cache every forward pass feeds only the new
-tokens: their positions start at ``cache.length``, RoPE rotates the new keys before they are stored,
-and the t5/alibi biases are rebuilt for ``(new queries, all keys)`` from positions. On CUDA a one-token
-step without a bias runs the split-KV Triton kernel (:mod:`attnbook.kernels.decode`).
+(:class:`attnbook.kvcache.KVCache`, Chapter 6). With a cache every forward pass feeds
+only the new
+tokens: their positions start at ``cache.length``, RoPE rotates the new keys before they
+are stored, and the t5/alibi biases are rebuilt for ``(new queries, all keys)`` from
+positions. On CUDA a one-token step without a bias runs the split-KV Triton kernel
+(:mod:`attnbook.kernels.decode`).
 """
 
 from __future__ import annotations
@@ -32,17 +38,31 @@ from torch.nn import functional as F
 from .core import scaled_dot_product_attention
 from .kernels import plan_for
 from .kvcache import KVCache
-from .positional import LearnedPositionalEmbedding, RotaryEmbedding, T5RelativeBias, alibi_bias, sinusoidal_encoding
+from .positional import (
+    LearnedPositionalEmbedding,
+    RotaryEmbedding,
+    T5RelativeBias,
+    alibi_bias,
+    sinusoidal_encoding,
+)
 
-__all__ = ["POSITIONAL_SCHEMES", "TransformerConfig", "Attention", "MLP", "Block", "TinyGPT", "TinyEncoder"]
+__all__ = [
+    "POSITIONAL_SCHEMES",
+    "TransformerConfig",
+    "Attention",
+    "MLP",
+    "Block",
+    "TinyGPT",
+    "TinyEncoder",
+]
 
 POSITIONAL_SCHEMES = ("none", "sinusoidal", "learned", "t5", "alibi", "rope")
 
 
 @dataclass
 class TransformerConfig:
-    """Sizes and the positional scheme. ``max_len`` is the size of the ``learned`` table; every
-    other scheme runs at any length."""
+    """Sizes and the positional scheme. ``max_len`` is the size of the ``learned``
+    table; every other scheme runs at any length."""
 
     vocab_size: int = 32
     d_model: int = 64
@@ -59,13 +79,19 @@ class TransformerConfig:
 
     def __post_init__(self):
         if self.positional not in POSITIONAL_SCHEMES:
-            raise ValueError(f"positional must be one of {POSITIONAL_SCHEMES}, got {self.positional!r}")
+            raise ValueError(
+                f"positional must be one of {POSITIONAL_SCHEMES}, got "
+                f"{self.positional!r}"
+            )
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}")
+            raise ValueError(
+                f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}"
+            )
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention with an optional rotary embedding and an optional additive bias."""
+    """Multi-head self-attention with an optional rotary embedding and an optional
+    additive bias."""
 
     def __init__(self, config: TransformerConfig, causal: bool, layer: int = 0):
         super().__init__()
@@ -73,42 +99,72 @@ class Attention(nn.Module):
         self.n_heads = config.n_heads
         self.n_kv_heads = config.n_kv_heads or config.n_heads
         if self.n_heads % self.n_kv_heads:
-            raise ValueError(f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.n_kv_heads}")
+            raise ValueError(
+                f"n_heads={self.n_heads} must be a multiple of "
+                f"n_kv_heads={self.n_kv_heads}"
+            )
         self.head_dim = config.d_model // config.n_heads
         self.causal, self.dropout = causal, config.dropout
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.k_proj = nn.Linear(config.d_model, self.n_kv_heads * self.head_dim)
         self.v_proj = nn.Linear(config.d_model, self.n_kv_heads * self.head_dim)
         self.out_proj = nn.Linear(config.d_model, config.d_model)
-        self.rotary = RotaryEmbedding(self.head_dim, config.rope_base) if config.positional == "rope" else None
+        self.rotary = (
+            RotaryEmbedding(self.head_dim, config.rope_base)
+            if config.positional == "rope"
+            else None
+        )
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
-        """``x``: ``(B, T, d_model)``; ``bias``: additive, broadcastable to ``(B, n_heads, T, S)``.
+    def forward(
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
+        """``x``: ``(B, T, d_model)``; ``bias``: additive, broadcastable to ``(B,
+        n_heads, T, S)``.
 
-        With a ``cache`` holding ``P`` positions, ``x`` holds positions ``P .. P+T-1``, their keys and
-        values are appended to the cache and the queries attend to all ``S = P + T`` cached keys.
+        With a ``cache`` holding ``P`` positions, ``x`` holds positions ``P .. P+T-1``,
+        their keys and values are appended to the cache and the queries attend to all
+        ``S = P + T`` cached keys.
         """
         B, T, _ = x.shape
         offset = cache.length if cache is not None else 0
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if self.rotary is not None:  # rotate after the projection, in every layer; cached keys stay rotated
+        # rotate after the projection, in every layer; cached keys stay rotated
+        if self.rotary is not None:
             q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
-            if T == 1 and bias is None and x.is_cuda and not self.training and type(cache) is KVCache \
-                    and plan_for("decode", q)[0] == "triton":
-                from .kernels.decode import decode_attention  # Triton: only imported on a GPU that runs it
+            if (
+                T == 1
+                and bias is None
+                and x.is_cuda
+                and not self.training
+                and type(cache) is KVCache
+                and plan_for("decode", q)[0] == "triton"
+            ):
+                # Triton: only imported on a GPU that runs it
+                from .kernels.decode import decode_attention
 
-                lengths = torch.full((B,), offset + 1, dtype=torch.int32, device=x.device)
+                lengths = torch.full(
+                    (B,), offset + 1, dtype=torch.int32, device=x.device
+                )
                 out = decode_attention(q, k, v, lengths)
                 return self.out_proj(out.transpose(1, 2).reshape(B, T, -1))
         group = self.n_heads // self.n_kv_heads
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = scaled_dot_product_attention(q, k, v, bias, is_causal=self.causal,
-                                           dropout_p=self.dropout if self.training else 0.0)
+        out = scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            bias,
+            is_causal=self.causal,
+            dropout_p=self.dropout if self.training else 0.0,
+        )
         return self.out_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -118,7 +174,10 @@ class MLP(nn.Module):
     def __init__(self, config: TransformerConfig):
         super().__init__()
         hidden = config.d_ff or 4 * config.d_model
-        self.fc, self.proj = nn.Linear(config.d_model, hidden), nn.Linear(hidden, config.d_model)
+        self.fc, self.proj = (
+            nn.Linear(config.d_model, hidden),
+            nn.Linear(hidden, config.d_model),
+        )
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -133,13 +192,19 @@ class Block(nn.Module):
         self.ln1, self.ln2 = nn.LayerNorm(config.d_model), nn.LayerNorm(config.d_model)
         self.attn, self.mlp = Attention(config, causal, layer), MLP(config)
 
-    def forward(self, x: torch.Tensor, bias: torch.Tensor | None = None, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
         x = x + self.attn(self.ln1(x), bias, cache)
         return x + self.mlp(self.ln2(x))
 
 
 class _Transformer(nn.Module):
-    """Embeddings, positional scheme, blocks, final norm and a linear head over the vocabulary."""
+    """Embeddings, positional scheme, blocks, final norm and a linear head over the
+    vocabulary."""
 
     causal: bool
 
@@ -150,16 +215,24 @@ class _Transformer(nn.Module):
         if config.positional == "learned":
             self.pos_emb = LearnedPositionalEmbedding(config.max_len, config.d_model)
         elif config.positional == "t5":
-            self.rel_bias = T5RelativeBias(config.n_heads, config.t5_num_buckets, config.t5_max_distance,
-                                           bidirectional=not self.causal)
-        self.blocks = nn.ModuleList(Block(config, self.causal, layer) for layer in range(config.n_layers))
+            self.rel_bias = T5RelativeBias(
+                config.n_heads,
+                config.t5_num_buckets,
+                config.t5_max_distance,
+                bidirectional=not self.causal,
+            )
+        self.blocks = nn.ModuleList(
+            Block(config, self.causal, layer) for layer in range(config.n_layers)
+        )
         self.ln_f = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
 
-    def _positions(self, x: torch.Tensor, start: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Add absolute encodings to ``x`` (B, T, d), which holds positions ``start .. start+T-1``, and
-        build the additive bias (1, h, T, start+T), if any (bottom-right aligned: the queries are the
-        last ``T`` positions)."""
+    def _positions(
+        self, x: torch.Tensor, start: int = 0
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Add absolute encodings to ``x`` (B, T, d), which holds positions ``start ..
+        start+T-1``, and build the additive bias (1, h, T, start+T), if any
+        (bottom-right aligned: the queries are the last ``T`` positions)."""
         T, scheme = x.shape[1], self.config.positional
         if scheme == "sinusoidal":
             x = x + sinusoidal_encoding(start + T, self.config.d_model)[start:].to(x)
@@ -168,22 +241,34 @@ class _Transformer(nn.Module):
         if scheme == "t5":
             return x, self.rel_bias(T, start + T)
         if scheme == "alibi":
-            return x, alibi_bias(self.config.n_heads, T, start + T, causal=self.causal).to(x)
+            return x, alibi_bias(
+                self.config.n_heads, T, start + T, causal=self.causal
+            ).to(x)
         return x, None
 
-    def forward(self, idx: torch.Tensor, attn_mask: torch.Tensor | None = None,
-                cache: KVCache | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        idx: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        cache: KVCache | None = None,
+    ) -> torch.Tensor:
         """``idx``: ``(B, T)`` token ids -> logits ``(B, T, vocab_size)``.
 
-        ``attn_mask``: optional bool ``(B, 1, 1, S)`` key-padding mask (True = real token).
-        ``cache``: a :class:`attnbook.kvcache.KVCache` holding the ``P`` earlier positions (``S = P + T``);
-        it is updated in place.
+        ``attn_mask``: optional bool ``(B, 1, 1, S)`` key-padding mask (True = real
+        token). ``cache``: a :class:`attnbook.kvcache.KVCache` holding the ``P`` earlier
+        positions (``S = P + T``); it is updated in place.
         """
         if idx.dim() != 2:
-            raise ValueError(f"idx must have shape (batch, seq), got {tuple(idx.shape)}")
-        x, bias = self._positions(self.tok_emb(idx), cache.length if cache is not None else 0)
+            raise ValueError(
+                f"idx must have shape (batch, seq), got {tuple(idx.shape)}"
+            )
+        x, bias = self._positions(
+            self.tok_emb(idx), cache.length if cache is not None else 0
+        )
         if attn_mask is not None:
-            padding = torch.zeros(attn_mask.shape, dtype=x.dtype, device=x.device).masked_fill(~attn_mask, float("-inf"))
+            padding = torch.zeros(
+                attn_mask.shape, dtype=x.dtype, device=x.device
+            ).masked_fill(~attn_mask, float("-inf"))
             bias = padding if bias is None else bias + padding
         for block in self.blocks:
             x = block(x, bias, cache)
@@ -196,49 +281,81 @@ class TinyGPT(_Transformer):
     causal = True
 
     @torch.no_grad()
-    def generate(self, idx: torch.Tensor, max_new_tokens: int, use_cache: bool = True, temperature: float = 0.0,
-                 top_k: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-        """Append ``max_new_tokens`` tokens to ``idx`` ``(B, T0)``; returns ``(B, T0 + max_new_tokens)``.
+    def generate(
+        self,
+        idx: torch.Tensor,
+        max_new_tokens: int,
+        use_cache: bool = True,
+        temperature: float = 0.0,
+        top_k: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> torch.Tensor:
+        """Append ``max_new_tokens`` tokens to ``idx`` ``(B, T0)``; returns ``(B, T0 +
+        max_new_tokens)``.
 
-        ``temperature == 0``: greedy (argmax). Otherwise sample from ``softmax(logits / temperature)``,
-        restricted to the ``top_k`` largest logits when given, with ``generator``.
+        ``temperature == 0``: greedy (argmax). Otherwise sample from ``softmax(logits /
+        temperature)``, restricted to the ``top_k`` largest logits when given, with
+        ``generator``.
 
-        ``use_cache=False`` recomputes the whole prefix at every step (``O(t^2)`` attention work per
-        sequence of ``t`` tokens); ``use_cache=True`` runs the prompt once (prefill) and then one token
-        per step against a :class:`attnbook.kvcache.KVCache` (decode). Both give the same tokens.
-        The ``learned`` scheme has no row beyond ``max_len``: without a cache the context is cropped
-        to the last ``max_len`` tokens (nanoGPT's rule), which moves every token to a new position, so
-        each step recomputes everything; with a cache that is impossible and going past ``max_len``
-        raises ``ValueError``.
+        ``use_cache=False`` recomputes the whole prefix at every step (``O(t^2)``
+        attention work per sequence of ``t`` tokens); ``use_cache=True`` runs the prompt
+        once (prefill) and then one token per step against a
+        :class:`attnbook.kvcache.KVCache` (decode). Both give the same tokens. The
+        ``learned`` scheme has no row beyond ``max_len``: without a cache the context is
+        cropped to the last ``max_len`` tokens (nanoGPT's rule), which moves every token
+        to a new position, so each step recomputes everything; with a cache that is
+        impossible and going past ``max_len`` raises ``ValueError``.
         """
         if idx.dim() != 2 or idx.shape[1] < 1:
-            raise ValueError(f"idx must have shape (batch, seq) with seq >= 1, got {tuple(idx.shape)}")
+            raise ValueError(
+                "idx must have shape (batch, seq) with seq >= 1, got "
+                f"{tuple(idx.shape)}"
+            )
         if max_new_tokens < 0 or temperature < 0:
-            raise ValueError(f"max_new_tokens and temperature must be non-negative, got {max_new_tokens}, {temperature}")
+            raise ValueError(
+                "max_new_tokens and temperature must be non-negative, got "
+                f"{max_new_tokens}, {temperature}"
+            )
         cfg, total = self.config, idx.shape[1] + max_new_tokens
         learned = cfg.positional == "learned"
         if use_cache and learned and total - 1 > cfg.max_len:
-            raise ValueError(f"a cached learned-position model cannot go past max_len={cfg.max_len} positions "
-                             f"(prompt {idx.shape[1]} + {max_new_tokens} new tokens): use use_cache=False, which crops")
+            raise ValueError(
+                "a cached learned-position model cannot go past "
+                f"max_len={cfg.max_len} positions "
+                f"(prompt {idx.shape[1]} + {max_new_tokens} new tokens): use "
+                "use_cache=False, which crops"
+            )
         cache = None
         if use_cache:
             head_dim = cfg.d_model // cfg.n_heads
-            cache = KVCache(cfg.n_layers, idx.shape[0], cfg.n_kv_heads or cfg.n_heads, head_dim, max(total - 1, 1),
-                            dtype=self.tok_emb.weight.dtype, device=idx.device)
+            cache = KVCache(
+                cfg.n_layers,
+                idx.shape[0],
+                cfg.n_kv_heads or cfg.n_heads,
+                head_dim,
+                max(total - 1, 1),
+                dtype=self.tok_emb.weight.dtype,
+                device=idx.device,
+            )
         tokens, new = idx, idx
         for _ in range(max_new_tokens):
             if use_cache:
                 logits = self(new, cache=cache)[:, -1]
             else:
-                logits = self(tokens[:, -cfg.max_len:] if learned else tokens)[:, -1]
+                logits = self(tokens[:, -cfg.max_len :] if learned else tokens)[:, -1]
             new = _next_token(logits, temperature, top_k, generator)
             tokens = torch.cat((tokens, new), dim=1)
         return tokens
 
 
-def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
-                generator: torch.Generator | None) -> torch.Tensor:
-    """``(B, vocab)`` logits -> ``(B, 1)`` token ids: argmax at temperature 0, else a (top-k) sample."""
+def _next_token(
+    logits: torch.Tensor,
+    temperature: float,
+    top_k: int | None,
+    generator: torch.Generator | None,
+) -> torch.Tensor:
+    """``(B, vocab)`` logits -> ``(B, 1)`` token ids: argmax at temperature 0, else a
+    (top-k) sample."""
     if temperature == 0:
         return logits.argmax(-1, keepdim=True)
     logits = logits / temperature
@@ -249,6 +366,7 @@ def _next_token(logits: torch.Tensor, temperature: float, top_k: int | None,
 
 
 class TinyEncoder(_Transformer):
-    """A bidirectional encoder (BERT-style, no causal mask) with a per-token output head."""
+    """A bidirectional encoder (BERT-style, no causal mask) with a per-token output
+    head."""
 
     causal = False

@@ -1,18 +1,18 @@
 """Sparse attention: each query attends to a small, structured set of keys.
 
-Papers: Child et al. (2019) for strided / fixed sparse patterns; Beltagy, Peters & Cohan (2020)
-for Longformer's sliding, dilated and global attention; Ainslie et al. (2020) for ETC; Zaheer et
-al. (2020) for BigBird's window + global + random blocks; Kitaev, Kaiser & Levskaya (2020) for
-Reformer's locality-sensitive hashing.
+Papers: Child et al. (2019) for strided / fixed sparse patterns; Beltagy, Peters & Cohan
+(2020) for Longformer's sliding, dilated and global attention; Ainslie et al. (2020) for
+ETC; Zaheer et al. (2020) for BigBird's window + global + random blocks; Kitaev, Kaiser
+& Levskaya (2020) for Reformer's locality-sensitive hashing.
 
-A sparse pattern is a boolean mask ``(L, S)`` with True = "may attend" (the convention of
-``attnbook.core``). Dense attention with that mask costs ``O(L S)`` whatever the mask says; the
-point of this module is :func:`block_sparse_attention` and :func:`sliding_window_attention`,
-which only compute the allowed entries and so cost ``O(n (w + g + r))`` for BigBird's window
-``w``, global ``g`` and random ``r`` keys per query. Block masks ``(n_q_blocks, n_k_blocks)``
-mark which ``block_size x block_size`` tiles are computed; :func:`expand_block_mask` turns one
-into the equivalent token mask, and the FlashAttention chapter's Triton kernel reads the same
-block masks.
+A sparse pattern is a boolean mask ``(L, S)`` with True = "may attend" (the convention
+of ``attnbook.core``). Dense attention with that mask costs ``O(L S)`` whatever the mask
+says; the point of this module is :func:`block_sparse_attention` and
+:func:`sliding_window_attention`, which only compute the allowed entries and so cost
+``O(n (w + g + r))`` for BigBird's window ``w``, global ``g`` and random ``r`` keys per
+query. Block masks ``(n_q_blocks, n_k_blocks)`` mark which ``block_size x block_size``
+tiles are computed; :func:`expand_block_mask` turns one into the equivalent token mask,
+and the FlashAttention chapter's Triton kernel reads the same block masks.
 """
 
 from __future__ import annotations
@@ -44,16 +44,19 @@ def _check_positive(**values: int) -> None:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Token-level patterns (L = S = seq_len)
-# ---------------------------------------------------------------------------------------------
-def sliding_window_mask(seq_len: int, window: int, causal: bool = False, dilation: int = 1) -> torch.Tensor:
-    """Local (sliding-window) attention: ``mask[i, j] = |i - j| <= window * dilation`` and ``(i - j) % dilation == 0``.
+# --------------------------------------------------------------------------------------
+def sliding_window_mask(
+    seq_len: int, window: int, causal: bool = False, dilation: int = 1
+) -> torch.Tensor:
+    """Local (sliding-window) attention: ``mask[i, j] = |i - j| <= window * dilation``
+    and ``(i - j) % dilation == 0``.
 
-    Each query sees ``window`` neighbours on each side (``2 window + 1`` keys including itself),
-    spaced ``dilation`` apart, so the receptive field grows to ``window * dilation`` at the same
-    cost (Longformer's dilated windows). With ``causal`` only the left half is kept (``j <= i``).
-    Shape ``(seq_len, seq_len)``.
+    Each query sees ``window`` neighbours on each side (``2 window + 1`` keys including
+    itself), spaced ``dilation`` apart, so the receptive field grows to ``window *
+    dilation`` at the same cost (Longformer's dilated windows). With ``causal`` only the
+    left half is kept (``j <= i``). Shape ``(seq_len, seq_len)``.
     """
     _check_positive(seq_len=seq_len, dilation=dilation)
     if not isinstance(window, int) or window < 0:
@@ -64,7 +67,8 @@ def sliding_window_mask(seq_len: int, window: int, causal: bool = False, dilatio
 
 
 def global_mask(seq_len: int, global_idx) -> torch.Tensor:
-    """Global tokens: ``mask[i, j] = i in G or j in G``; the tokens in ``G`` attend to and are attended by all.
+    """Global tokens: ``mask[i, j] = i in G or j in G``; the tokens in ``G`` attend to
+    and are attended by all.
 
     ``global_idx`` is a list or 1-D tensor of positions. Shape ``(seq_len, seq_len)``.
     """
@@ -77,44 +81,65 @@ def global_mask(seq_len: int, global_idx) -> torch.Tensor:
     return is_global[:, None] | is_global[None, :]
 
 
-def random_mask(seq_len: int, n_random: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Random attention: each query attends to ``n_random`` distinct keys drawn uniformly.
+def random_mask(
+    seq_len: int, n_random: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Random attention: each query attends to ``n_random`` distinct keys drawn
+    uniformly.
 
     Shape ``(seq_len, seq_len)``; pass ``generator`` for a reproducible draw.
     """
     _check_positive(seq_len=seq_len)
     if not isinstance(n_random, int) or not 0 <= n_random <= seq_len:
-        raise ValueError(f"n_random must be an integer in [0, seq_len={seq_len}], got {n_random!r}")
-    picks = torch.rand(seq_len, seq_len, generator=generator).argsort(dim=-1)[:, :n_random]
+        raise ValueError(
+            f"n_random must be an integer in [0, seq_len={seq_len}], got {n_random!r}"
+        )
+    picks = torch.rand(seq_len, seq_len, generator=generator).argsort(dim=-1)[
+        :, :n_random
+    ]
     mask = torch.zeros(seq_len, seq_len, dtype=torch.bool)
     return mask.scatter_(1, picks, True)
 
 
-def longformer_mask(seq_len: int, window: int, global_idx, dilation: int = 1) -> torch.Tensor:
-    """Longformer: a (dilated) sliding window plus global tokens. Shape ``(seq_len, seq_len)``."""
-    return sliding_window_mask(seq_len, window, dilation=dilation) | global_mask(seq_len, global_idx)
+def longformer_mask(
+    seq_len: int, window: int, global_idx, dilation: int = 1
+) -> torch.Tensor:
+    """Longformer: a (dilated) sliding window plus global tokens. Shape ``(seq_len,
+    seq_len)``."""
+    return sliding_window_mask(seq_len, window, dilation=dilation) | global_mask(
+        seq_len, global_idx
+    )
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Block patterns
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 def bigbird_block_mask(
-    n_blocks: int, n_global: int = 1, n_window: int = 3, n_random: int = 2, generator: torch.Generator | None = None
+    n_blocks: int,
+    n_global: int = 1,
+    n_window: int = 3,
+    n_random: int = 2,
+    generator: torch.Generator | None = None,
 ) -> torch.Tensor:
     """BigBird-ITC block pattern ``(n_blocks, n_blocks)`` (Zaheer et al., 2020).
 
-    * global: the first and the last ``n_global`` blocks attend to every block and every block
-      attends to them (rows and columns full);
-    * window: every other block row ``i`` has its ``n_window`` centred neighbours, block offsets
-      ``-(n_window // 2) .. n_window - 1 - n_window // 2`` (``-1, 0, 1`` for the default 3), cut at the ends;
-    * random: plus ``n_random`` blocks drawn uniformly from those not already chosen in that row
-      (fewer when fewer are left).
+    * global: the first and the last ``n_global`` blocks attend to every block and every
+      block attends to them (rows and columns full);
+    * window: every other block row ``i`` has its ``n_window`` centred neighbours, block
+      offsets ``-(n_window // 2) .. n_window - 1 - n_window // 2`` (``-1, 0, 1`` for the
+      default 3), cut at the ends;
+    * random: plus ``n_random`` blocks drawn uniformly from those not already chosen in
+      that row (fewer when fewer are left).
 
-    Each non-global row has at most ``2 n_global + n_window + n_random`` active blocks, so the
-    number of computed tiles grows linearly with ``n_blocks``.
+    Each non-global row has at most ``2 n_global + n_window + n_random`` active blocks,
+    so the number of computed tiles grows linearly with ``n_blocks``.
     """
     _check_positive(n_blocks=n_blocks)
-    for name, value in (("n_global", n_global), ("n_window", n_window), ("n_random", n_random)):
+    for name, value in (
+        ("n_global", n_global),
+        ("n_window", n_window),
+        ("n_random", n_random),
+    ):
         if not isinstance(value, int) or value < 0:
             raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
     rows = torch.arange(n_blocks)
@@ -123,32 +148,50 @@ def bigbird_block_mask(
     is_global = (rows < n_global) | (rows >= n_blocks - n_global)
     mask |= is_global[:, None] | is_global[None, :]
     if n_random:
-        # Rank the free blocks of each row by a random key; chosen blocks get +inf and sort last.
-        keys = torch.rand(n_blocks, n_blocks, generator=generator).masked_fill(mask, math.inf)
+        # Rank the free blocks of each row by a random key; chosen blocks get +inf and
+        # sort last.
+        keys = torch.rand(n_blocks, n_blocks, generator=generator).masked_fill(
+            mask, math.inf
+        )
         picks = keys.argsort(dim=-1)[:, :n_random]
-        free = torch.gather(~mask, 1, picks)  # False where a row had fewer than n_random free blocks
+        # False where a row had fewer than n_random free blocks
+        free = torch.gather(~mask, 1, picks)
         random_part = torch.zeros_like(mask).scatter_(1, picks, free)
         mask |= random_part & ~is_global[:, None]
     return mask
 
 
 def expand_block_mask(block_mask: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Token mask of a block mask: ``(..., nq, nk) -> (..., nq * block_size, nk * block_size)``.
+    """Token mask of a block mask: ``(..., nq, nk) -> (..., nq * block_size, nk *
+    block_size)``.
 
-    Entry ``(i, j)`` is ``block_mask[i // block_size, j // block_size]``. For lengths that are not
-    multiples of ``block_size`` (a ragged last block), slice the result: ``[..., :L, :S]``.
+    Entry ``(i, j)`` is ``block_mask[i // block_size, j // block_size]``. For lengths
+    that are not multiples of ``block_size`` (a ragged last block), slice the result:
+    ``[..., :L, :S]``.
     """
     _check_positive(block_size=block_size)
-    if not isinstance(block_mask, torch.Tensor) or block_mask.dtype != torch.bool or block_mask.dim() < 2:
-        raise ValueError(f"block_mask must be a bool tensor (..., n_q_blocks, n_k_blocks), got {block_mask!r:.60}")
-    return block_mask.repeat_interleave(block_size, dim=-2).repeat_interleave(block_size, dim=-1)
+    if (
+        not isinstance(block_mask, torch.Tensor)
+        or block_mask.dtype != torch.bool
+        or block_mask.dim() < 2
+    ):
+        raise ValueError(
+            "block_mask must be a bool tensor (..., n_q_blocks, n_k_blocks), got "
+            f"{block_mask!r:.60}"
+        )
+    return block_mask.repeat_interleave(block_size, dim=-2).repeat_interleave(
+        block_size, dim=-1
+    )
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Attention that computes only the allowed entries
-# ---------------------------------------------------------------------------------------------
-def _softmax_weighted_sum(scores: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """``softmax(scores masked by allowed) @ v`` with rows that allow nothing returning zeros."""
+# --------------------------------------------------------------------------------------
+def _softmax_weighted_sum(
+    scores: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor
+) -> torch.Tensor:
+    """``softmax(scores masked by allowed) @ v`` with rows that allow nothing returning
+    zeros."""
     scores = scores.masked_fill(~allowed, -math.inf)
     row_max = scores.amax(dim=-1, keepdim=True)
     weights = torch.exp(scores - torch.where(torch.isfinite(row_max), row_max, 0.0))
@@ -156,7 +199,8 @@ def _softmax_weighted_sum(scores: torch.Tensor, allowed: torch.Tensor, v: torch.
     return (weights @ v) / torch.where(denom > 0, denom, 1.0)
 
 
-_CHUNK_SCORES = 2**20  # scores per step of block_sparse_attention's loop over query-block rows
+# scores per step of block_sparse_attention's loop over query-block rows
+_CHUNK_SCORES = 2**20
 
 
 def _pad_seq(x: torch.Tensor, length: int) -> torch.Tensor:
@@ -174,38 +218,52 @@ def block_sparse_attention(
 ) -> torch.Tensor:
     """Scaled dot-product attention that computes only the tiles a block mask allows.
 
-    Equal to ``attnbook.core.scaled_dot_product_attention(q, k, v, expand_block_mask(block_mask,
-    block_size)[:L, :S], is_causal=is_causal)``, but it never forms an ``L x S`` score tensor.
+    Equal to ``attnbook.core.scaled_dot_product_attention(q, k, v,
+    expand_block_mask(block_mask, block_size)[:L, :S], is_causal=is_causal)``, but it
+    never forms an ``L x S`` score tensor.
 
-    Shapes: ``q (..., L, E)``, ``k (..., S, E)``, ``v (..., S, Ev)``, ``block_mask (ceil(L / b),
-    ceil(S / b))`` bool, shared by every batch entry and head; ``b = block_size``. The last block
-    may be ragged (``L`` or ``S`` not a multiple of ``b``). ``is_causal`` adds the bottom-right
-    aligned causal mask of ``attnbook.core.causal_mask`` (query ``i`` sees keys ``j <= i + S - L``);
-    tiles entirely above that diagonal are dropped before any work.
+    Shapes: ``q (..., L, E)``, ``k (..., S, E)``, ``v (..., S, Ev)``, ``block_mask
+    (ceil(L / b), ceil(S / b))`` bool, shared by every batch entry and head; ``b =
+    block_size``. The last block may be ragged (``L`` or ``S`` not a multiple of ``b``).
+    ``is_causal`` adds the bottom-right aligned causal mask of
+    ``attnbook.core.causal_mask`` (query ``i`` sees keys ``j <= i + S - L``); tiles
+    entirely above that diagonal are dropped before any work.
 
-    Algorithm. Per query block, list its active key blocks, padded to the longest list with a
-    validity flag; gather those key and value blocks into ``(..., rows, width * b, E)`` and attend
-    with one batched matmul per chunk of rows (scores ``(..., rows, b, width * b)``), masking padded
-    blocks, keys past ``S`` and, if causal, keys after the diagonal. BigBird's global rows see every
-    block and would pad every row to ``S / b`` blocks, so the rows are first sorted by their number
-    of active blocks and split in two groups (narrow and wide), each padded to its own width; the
-    split minimizes the total ``rows x width``. Chunks keep each step near ``_CHUNK_SCORES`` scores.
+    Algorithm. Per query block, list its active key blocks, padded to the longest list
+    with a validity flag; gather those key and value blocks into ``(..., rows, width *
+    b, E)`` and attend with one batched matmul per chunk of rows (scores ``(..., rows,
+    b, width * b)``), masking padded blocks, keys past ``S`` and, if causal, keys after
+    the diagonal. BigBird's global rows see every block and would pad every row to ``S /
+    b`` blocks, so the rows are first sorted by their number of active blocks and split
+    in two groups (narrow and wide), each padded to its own width; the split minimizes
+    the total ``rows x width``. Chunks keep each step near ``_CHUNK_SCORES`` scores.
     Cost: ``O(active tiles * b^2 * E)``, i.e. ``O(n (w + g + r) E)`` for BigBird.
     """
     _check_qkv(q, k, v)
     _check_positive(block_size=block_size)
     L, S, b = q.shape[-2], k.shape[-2], block_size
     n_qb, n_kb = -(-L // b), -(-S // b)
-    if not isinstance(block_mask, torch.Tensor) or block_mask.dtype != torch.bool or block_mask.shape != (n_qb, n_kb):
-        got = tuple(block_mask.shape) if isinstance(block_mask, torch.Tensor) else type(block_mask).__name__
+    if (
+        not isinstance(block_mask, torch.Tensor)
+        or block_mask.dtype != torch.bool
+        or block_mask.shape != (n_qb, n_kb)
+    ):
+        got = (
+            tuple(block_mask.shape)
+            if isinstance(block_mask, torch.Tensor)
+            else type(block_mask).__name__
+        )
         raise ValueError(
-            "block_mask must be a bool tensor of shape (ceil(L / block_size), ceil(S / block_size)) = "
+            "block_mask must be a bool tensor of shape (ceil(L / block_size), ceil(S "
+            "/ block_size)) = "
             f"({n_qb}, {n_kb}) "
             f"for q {tuple(q.shape)}, k {tuple(k.shape)} and block_size={b}, got {got}"
         )
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     device = q.device
-    q = _pad_seq(q.expand(*batch, L, q.shape[-1]), n_qb * b) * (1.0 / math.sqrt(q.shape[-1]))
+    q = _pad_seq(q.expand(*batch, L, q.shape[-1]), n_qb * b) * (
+        1.0 / math.sqrt(q.shape[-1])
+    )
     k = _pad_seq(k.expand(*batch, S, k.shape[-1]), n_kb * b)
     v = _pad_seq(v.expand(*batch, S, v.shape[-1]), n_kb * b)
     q_pos = torch.arange(n_qb * b, device=device).view(n_qb, b)
@@ -219,7 +277,10 @@ def block_sparse_attention(
     # Split the block rows in two groups by active count: narrow rows and wide rows.
     order = counts.argsort()
     sorted_counts = counts[order].tolist()
-    costs = [(i * sorted_counts[i - 1] if i else 0) + (n_qb - i) * sorted_counts[-1] for i in range(n_qb + 1)]
+    costs = [
+        (i * sorted_counts[i - 1] if i else 0) + (n_qb - i) * sorted_counts[-1]
+        for i in range(n_qb + 1)
+    ]
     n_narrow = min(range(n_qb + 1), key=costs.__getitem__)
 
     out = q.new_empty(*batch, n_qb, b, v.shape[-1])
@@ -231,19 +292,27 @@ def block_sparse_attention(
         if not len(group):
             continue
         width = max(int(counts[group].max()), 1)
-        # Chunks of rows keep each step's scores near _CHUNK_SCORES floats (cache-sized, linear total).
+        # Chunks of rows keep each step's scores near _CHUNK_SCORES floats (cache-sized,
+        # linear total).
         for rows in group.split(max(1, _CHUNK_SCORES // (batch_numel * b * b * width))):
-            # Active key blocks first (stable sort of ~active), then padding blocks flagged invalid.
-            idx = (~active[rows]).to(torch.int8).argsort(dim=-1, stable=True)[:, :width]  # (r, width)
-            keys = k_pos[idx].flatten(1)[:, None, :]  # (r, 1, width * b) token positions
-            blocked = ~torch.gather(active[rows], 1, idx).repeat_interleave(b, dim=-1)[:, None, :] | (keys >= S)
+            # Active key blocks first (stable sort of ~active), then padding blocks
+            # flagged invalid.
+            # (r, width)
+            idx = (~active[rows]).to(torch.int8).argsort(dim=-1, stable=True)[:, :width]
+            # (r, 1, width * b) token positions
+            keys = k_pos[idx].flatten(1)[:, None, :]
+            blocked = ~torch.gather(active[rows], 1, idx).repeat_interleave(b, dim=-1)[
+                :, None, :
+            ] | (keys >= S)
             if is_causal:
                 blocked = blocked | (keys > q_pos[rows][:, :, None] + (S - L))
             k_gathered = kb[..., idx, :, :].flatten(-3, -2)  # (..., r, width * b, E)
             v_gathered = vb[..., idx, :, :].flatten(-3, -2)  # (..., r, width * b, Ev)
-            scores = qb[..., rows, :, :] @ k_gathered.transpose(-2, -1)  # (..., r, b, width * b)
+            # (..., r, b, width * b)
+            scores = qb[..., rows, :, :] @ k_gathered.transpose(-2, -1)
             weights = torch.softmax(scores.masked_fill_(blocked, -math.inf), dim=-1)
-            dead = blocked.all(dim=-1, keepdim=True)  # queries with no allowed key: zeros, not NaN
+            # queries with no allowed key: zeros, not NaN
+            dead = blocked.all(dim=-1, keepdim=True)
             if dead.any():
                 weights = weights.masked_fill(dead, 0.0)
             out[..., rows, :, :] = weights @ v_gathered
@@ -251,15 +320,21 @@ def block_sparse_attention(
 
 
 def sliding_window_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, window: int, is_causal: bool = False
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    window: int,
+    is_causal: bool = False,
 ) -> torch.Tensor:
-    """Self-attention where query ``i`` sees keys ``|i - j| <= window`` (``i - window <= j <= i`` if causal).
+    """Self-attention where query ``i`` sees keys ``|i - j| <= window`` (``i - window <=
+    j <= i`` if causal).
 
-    Equal to dense attention with ``sliding_window_mask(n, window, causal=is_causal)``, in
-    ``O(n * window)`` memory: keys and values are zero-padded by ``window`` at both ends and
-    ``unfold`` makes the ``(..., n, 2 window + 1)`` windows as views, so the scores are
-    ``(..., n, 2 window + 1)`` instead of ``(..., n, n)``. Shapes ``(..., n, E)``, ``(..., n, E)``,
-    ``(..., n, Ev)`` -> ``(..., n, Ev)``; queries and keys must have the same length ``n``.
+    Equal to dense attention with ``sliding_window_mask(n, window, causal=is_causal)``,
+    in ``O(n * window)`` memory: keys and values are zero-padded by ``window`` at both
+    ends and ``unfold`` makes the ``(..., n, 2 window + 1)`` windows as views, so the
+    scores are ``(..., n, 2 window + 1)`` instead of ``(..., n, n)``. Shapes ``(..., n,
+    E)``, ``(..., n, E)``, ``(..., n, Ev)`` -> ``(..., n, Ev)``; queries and keys must
+    have the same length ``n``.
     """
     _check_qkv(q, k, v)
     if q.shape[-2] != k.shape[-2]:
@@ -273,23 +348,30 @@ def sliding_window_attention(
     right = 0 if is_causal else window
     span = window + right + 1
     pad = (0, 0, window, right)
-    k_win = torch.nn.functional.pad(k, pad).unfold(-2, span, 1)  # (..., n, E, span), a view
+    # (..., n, E, span), a view
+    k_win = torch.nn.functional.pad(k, pad).unfold(-2, span, 1)
     v_win = torch.nn.functional.pad(v, pad).unfold(-2, span, 1)  # (..., n, Ev, span)
     scores = (q.unsqueeze(-2) / math.sqrt(q.shape[-1])) @ k_win  # (..., n, 1, span)
-    key_pos = torch.arange(n, device=q.device)[:, None] + torch.arange(-window, right + 1, device=q.device)
+    key_pos = torch.arange(n, device=q.device)[:, None] + torch.arange(
+        -window, right + 1, device=q.device
+    )
     allowed = ((key_pos >= 0) & (key_pos < n)).unsqueeze(-2)  # (n, 1, span)
     return _softmax_weighted_sum(scores, allowed, v_win.transpose(-2, -1)).squeeze(-2)
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # Learned / content-based sparsity: locality-sensitive hashing (Reformer)
-# ---------------------------------------------------------------------------------------------
-def lsh_buckets(x: torch.Tensor, n_buckets: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Angular LSH of Kitaev et al. (2020): ``h(x) = argmax([x R ; -x R])`` with a random ``R`` ``(E, n_buckets / 2)``.
+# --------------------------------------------------------------------------------------
+def lsh_buckets(
+    x: torch.Tensor, n_buckets: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Angular LSH of Kitaev et al. (2020): ``h(x) = argmax([x R ; -x R])`` with a
+    random ``R`` ``(E, n_buckets / 2)``.
 
-    Vectors at a small angle land in the same bucket with high probability, so attending only
-    within a bucket keeps most of each query's large dot products. ``x (..., n, E)`` ->
-    integer buckets ``(..., n)`` in ``[0, n_buckets)``; ``n_buckets`` must be even.
+    Vectors at a small angle land in the same bucket with high probability, so attending
+    only within a bucket keeps most of each query's large dot products. ``x (..., n,
+    E)`` -> integer buckets ``(..., n)`` in ``[0, n_buckets)``; ``n_buckets`` must be
+    even.
     """
     if n_buckets < 2 or n_buckets % 2:
         raise ValueError(f"n_buckets must be an even integer >= 2, got {n_buckets!r}")
@@ -298,28 +380,38 @@ def lsh_buckets(x: torch.Tensor, n_buckets: int, generator: torch.Generator | No
     return torch.cat([projected, -projected], dim=-1).argmax(dim=-1)
 
 
-def lsh_mask(x: torch.Tensor, n_buckets: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Shared-QK LSH attention pattern: ``mask[..., i, j] = bucket(x_i) == bucket(x_j)``. Shape ``(..., n, n)``.
+def lsh_mask(
+    x: torch.Tensor, n_buckets: int, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Shared-QK LSH attention pattern: ``mask[..., i, j] = bucket(x_i) ==
+    bucket(x_j)``. Shape ``(..., n, n)``.
 
-    Reformer shares queries and keys (``Q = K``) so a query's bucket is also its own key's bucket.
-    The dense mask is for pictures and checks; Reformer sorts by bucket and attends within chunks.
+    Reformer shares queries and keys (``Q = K``) so a query's bucket is also its own
+    key's bucket. The dense mask is for pictures and checks; Reformer sorts by bucket
+    and attends within chunks.
     """
     buckets = lsh_buckets(x, n_buckets, generator)
     return buckets[..., :, None] == buckets[..., None, :]
 
 
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 # The graph view
-# ---------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------
 def graph_distances(mask: torch.Tensor) -> torch.Tensor:
-    """Shortest-path lengths of the directed attention graph (edge ``i -> j`` when ``mask[i, j]``).
+    """Shortest-path lengths of the directed attention graph (edge ``i -> j`` when
+    ``mask[i, j]``).
 
-    Breadth-first search from every node at once with boolean matrix products: after ``t`` rounds
-    ``reach[i, j]`` says whether ``j`` is within ``t`` hops of ``i``. Information flows along these
-    paths across stacked layers: ``distance[i, j]`` layers are needed before token ``i`` can depend
-    on token ``j``. Returns ``(n, n)`` integer distances, ``-1`` where no path exists.
+    Breadth-first search from every node at once with boolean matrix products: after
+    ``t`` rounds ``reach[i, j]`` says whether ``j`` is within ``t`` hops of ``i``.
+    Information flows along these paths across stacked layers: ``distance[i, j]`` layers
+    are needed before token ``i`` can depend on token ``j``. Returns ``(n, n)`` integer
+    distances, ``-1`` where no path exists.
     """
-    square = isinstance(mask, torch.Tensor) and mask.dim() == 2 and mask.shape[0] == mask.shape[1]
+    square = (
+        isinstance(mask, torch.Tensor)
+        and mask.dim() == 2
+        and mask.shape[0] == mask.shape[1]
+    )
     if not square or mask.dtype != torch.bool:
         raise ValueError(f"mask must be a square 2-D bool tensor, got {mask!r:.60}")
     n = mask.shape[0]

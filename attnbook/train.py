@@ -1,9 +1,11 @@
-"""A small, readable training loop for the chapters that train a model, and a token accuracy.
+"""A small, readable training loop for the chapters that train a model, and a token
+accuracy.
 
-One step is the textbook recipe: ``loss = loss_fn(model, batch)``, ``loss.backward()``, optionally
-clip the gradient norm, ``optimizer.step()``, ``optimizer.zero_grad()``. Gradient-norm clipping
-(Pascanu et al., 2013) rescales the whole gradient ``g`` to ``g * c / ||g||`` when ``||g|| > c``.
-A tqdm progress bar shows the running mean loss of the epoch.
+One step is the textbook recipe: ``loss = loss_fn(model, batch)``, ``loss.backward()``,
+optionally clip the gradient norm, ``optimizer.step()``, ``optimizer.zero_grad()``.
+Gradient-norm clipping (Pascanu et al., 2013) rescales the whole gradient ``g`` to ``g *
+c / ||g||`` when ``||g|| > c``. A tqdm progress bar shows the running mean loss of the
+epoch.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ __all__ = ["History", "fit", "accuracy"]
 class History:
     """What :func:`fit` records.
 
-    ``losses``: the training loss of every optimizer step; ``grad_norms``: the gradient's L2 norm at
-    every step, before clipping; ``metrics``: one dict per epoch from ``eval_fn`` (empty without it).
+    ``losses``: the training loss of every optimizer step; ``grad_norms``: the
+    gradient's L2 norm at every step, before clipping; ``metrics``: one dict per epoch
+    from ``eval_fn`` (empty without it).
     """
 
     losses: list[float] = field(default_factory=list)
@@ -31,7 +34,8 @@ class History:
 
 
 def _to_device(batch, device: torch.device):
-    """Move the tensors in a batch (a tensor, or tuples/lists/dicts of them) to ``device``."""
+    """Move the tensors in a batch (a tensor, or tuples/lists/dicts of them) to
+    ``device``."""
     if isinstance(batch, torch.Tensor):
         return batch.to(device)
     if isinstance(batch, Mapping):
@@ -54,15 +58,19 @@ def fit(
     progress: bool = True,
     grad_clip: float | None = None,
 ) -> History:
-    """Train ``model`` for ``epochs`` passes over ``train_batches`` and return the :class:`History`.
+    """Train ``model`` for ``epochs`` passes over ``train_batches`` and return the
+    :class:`History`.
 
     - ``loss_fn(model, batch)`` returns a scalar loss tensor;
-    - ``train_batches`` is a re-iterable (a list, a ``DataLoader``) or a callable returning a fresh
-      iterable each epoch (e.g. a function that samples new random batches);
-    - ``optimizer`` defaults to ``AdamW(model.parameters(), lr=lr)`` (``lr`` is ignored when one is given);
-    - ``eval_fn(model)`` runs after each epoch in eval mode without gradients and returns a dict of
-      metrics (or one number, recorded as ``{"eval": value}``);
-    - ``device``: move the model there; ``None`` keeps the model where it is. Batches follow the model;
+    - ``train_batches`` is a re-iterable (a list, a ``DataLoader``) or a callable
+      returning a fresh iterable each epoch (e.g. a function that samples new random
+      batches);
+    - ``optimizer`` defaults to ``AdamW(model.parameters(), lr=lr)`` (``lr`` is ignored
+      when one is given);
+    - ``eval_fn(model)`` runs after each epoch in eval mode without gradients and
+      returns a dict of metrics (or one number, recorded as ``{"eval": value}``);
+    - ``device``: move the model there; ``None`` keeps the model where it is. Batches
+      follow the model;
     - ``grad_clip``: the maximum gradient L2 norm (``None``: no clipping);
     - ``progress=False`` prints nothing.
     """
@@ -70,8 +78,15 @@ def fit(
         raise ValueError(f"epochs must be >= 1, got {epochs}")
     if grad_clip is not None and grad_clip <= 0:
         raise ValueError(f"grad_clip must be positive or None, got {grad_clip}")
-    if not callable(train_batches) and epochs > 1 and iter(train_batches) is train_batches:
-        raise ValueError("train_batches is a one-shot iterator; pass a list or a callable returning batches per epoch")
+    if (
+        not callable(train_batches)
+        and epochs > 1
+        and iter(train_batches) is train_batches
+    ):
+        raise ValueError(
+            "train_batches is a one-shot iterator; pass a list or a callable "
+            "returning batches per epoch"
+        )
     if device is not None:
         model.to(device)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -84,22 +99,33 @@ def fit(
         total = len(batches) if hasattr(batches, "__len__") else None
         model.train()
         epoch_losses = []
-        with tqdm(total=total, desc=f"epoch {epoch}/{epochs}", disable=not progress) as bar:
+        with tqdm(
+            total=total, desc=f"epoch {epoch}/{epochs}", disable=not progress
+        ) as bar:
             for batch in batches:
                 loss = loss_fn(model, _to_device(batch, device))
                 if loss.ndim != 0:
-                    raise ValueError(f"loss_fn must return a scalar, got shape {tuple(loss.shape)}")
+                    raise ValueError(
+                        f"loss_fn must return a scalar, got shape {tuple(loss.shape)}"
+                    )
                 if not torch.isfinite(loss):
-                    raise FloatingPointError(f"loss is {loss.item()} at step {len(history.losses) + 1}; "
-                                             "try a smaller lr or grad_clip")
+                    raise FloatingPointError(
+                        f"loss is {loss.item()} at step {len(history.losses) + 1}; "
+                        "try a smaller lr or grad_clip"
+                    )
                 loss.backward()
-                # clip_grad_norm_ returns the norm before clipping; with max_norm=inf it only measures it.
-                history.grad_norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)))
+                # clip_grad_norm_ returns the norm before clipping; with max_norm=inf it
+                # only measures it.
+                history.grad_norms.append(
+                    float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+                )
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 history.losses.append(loss.item())
                 epoch_losses.append(history.losses[-1])
-                bar.set_postfix(loss=f"{sum(epoch_losses) / len(epoch_losses):.4f}", refresh=False)
+                bar.set_postfix(
+                    loss=f"{sum(epoch_losses) / len(epoch_losses):.4f}", refresh=False
+                )
                 bar.update()
             if not epoch_losses:
                 raise ValueError(f"train_batches gave no batches in epoch {epoch}")
@@ -108,24 +134,45 @@ def fit(
                 with torch.no_grad():
                     result = eval_fn(model)
                 model.train()
-                metrics = dict(result) if isinstance(result, Mapping) else {"eval": result}
-                history.metrics.append({name: float(value) for name, value in metrics.items()})
-                bar.set_postfix(loss=f"{sum(epoch_losses) / len(epoch_losses):.4f}",
-                                **{name: f"{value:.4f}" for name, value in history.metrics[-1].items()})
+                metrics = (
+                    dict(result) if isinstance(result, Mapping) else {"eval": result}
+                )
+                history.metrics.append(
+                    {name: float(value) for name, value in metrics.items()}
+                )
+                bar.set_postfix(
+                    loss=f"{sum(epoch_losses) / len(epoch_losses):.4f}",
+                    **{
+                        name: f"{value:.4f}"
+                        for name, value in history.metrics[-1].items()
+                    },
+                )
     return history
 
 
-def accuracy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int | None = None) -> float:
+def accuracy(
+    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int | None = None
+) -> float:
     """Fraction of positions where ``argmax(logits, -1) == targets``.
 
-    ``logits``: ``(..., classes)``; ``targets``: ``(...)`` class indices. Positions whose target
-    equals ``ignore_index`` (e.g. padding) are left out of both the count and the total.
+    ``logits``: ``(..., classes)``; ``targets``: ``(...)`` class indices. Positions
+    whose target equals ``ignore_index`` (e.g. padding) are left out of both the count
+    and the total.
     """
     if logits.ndim < 1 or logits.shape[:-1] != targets.shape:
-        raise ValueError(f"logits (..., classes) and targets (...) disagree: logits {tuple(logits.shape)}, "
-                         f"targets {tuple(targets.shape)}")
-    keep = torch.ones_like(targets, dtype=torch.bool) if ignore_index is None else targets != ignore_index
+        raise ValueError(
+            "logits (..., classes) and targets (...) disagree: logits "
+            f"{tuple(logits.shape)}, "
+            f"targets {tuple(targets.shape)}"
+        )
+    keep = (
+        torch.ones_like(targets, dtype=torch.bool)
+        if ignore_index is None
+        else targets != ignore_index
+    )
     if not keep.any():
-        raise ValueError("targets has no position left to score (all equal ignore_index, or empty)")
+        raise ValueError(
+            "targets has no position left to score (all equal ignore_index, or empty)"
+        )
     correct = (logits.argmax(-1) == targets) & keep
     return correct.sum().item() / keep.sum().item()

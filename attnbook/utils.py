@@ -1,5 +1,6 @@
-"""Small helpers every chapter uses: reproducible seeds, the default device, showing source code,
-and the size of the largest tensor a computation creates (how the memory claims are tested)."""
+"""Small helpers every chapter uses: reproducible seeds, the default device, showing
+source code, and the size of the largest tensor a computation creates (how the memory
+claims are tested)."""
 
 from __future__ import annotations
 
@@ -14,13 +15,15 @@ __all__ = ["seed_everything", "default_device", "show_source", "largest_new_tens
 
 
 def seed_everything(seed: int = 0) -> torch.Generator:
-    """Seed Python's, NumPy's and PyTorch's generators (CPU and CUDA) and return a torch Generator.
+    """Seed Python's, NumPy's and PyTorch's generators (CPU and CUDA) and return a torch
+    Generator.
 
-    (String hashing is seeded per process by ``PYTHONHASHSEED`` before start-up; setting it here
-    would not affect the running interpreter, so this function does not pretend to.)
+    (String hashing is seeded per process by ``PYTHONHASHSEED`` before start-up; setting
+    it here would not affect the running interpreter, so this function does not pretend
+    to.)
 
-    Returning a seeded ``torch.Generator`` lets code pass randomness explicitly (``generator=``)
-    instead of relying on the global state.
+    Returning a seeded ``torch.Generator`` lets code pass randomness explicitly
+    (``generator=``) instead of relying on the global state.
     """
     random.seed(seed)
     np.random.seed(seed)
@@ -29,18 +32,70 @@ def seed_everything(seed: int = 0) -> torch.Generator:
 
 
 def default_device() -> torch.device:
-    """``cuda`` when a GPU is visible, else ``cpu``. ``ATTNBOOK_DEVICE`` overrides it."""
+    """``cuda`` when a GPU is visible, else ``cpu``. ``ATTNBOOK_DEVICE`` overrides
+    it."""
     if "ATTNBOOK_DEVICE" in os.environ:
         return torch.device(os.environ["ATTNBOOK_DEVICE"])
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def show_source(obj) -> str:
-    """Show the source of a function or class, syntax-highlighted in a notebook; returns the text.
+def show_source(
+    obj, start: str | None = None, end: str | None = None, *, docstring: bool = True
+) -> str:
+    """Show the source of a function or class, syntax-highlighted in a notebook; returns
+    the text.
 
-    Chapters use it to show the tested implementation from ``attnbook`` instead of a copy.
+    Chapters use it to show the tested implementation from ``attnbook`` instead of a
+    copy. A listing should carry one idea in about 30 lines, so it can be cut down:
+
+    * ``docstring=False`` leaves out the docstring (the API reference page has it);
+    * ``start`` and ``end`` keep only the lines from the first one containing ``start``
+      to the first later one containing ``end`` (both included), below the ``def`` or
+      ``class`` line; a ``...`` line marks each cut. A substring that is not there
+      raises ``ValueError``, so a chapter notices when the code it quotes changes.
     """
-    source = inspect.getsource(obj)
+    lines = inspect.getsource(obj).splitlines()
+    head = next(i for i, line in enumerate(lines) if line.lstrip().startswith(_DEF))
+    while not lines[head].rstrip().endswith(":"):  # a signature over several lines
+        head += 1
+    body = list(range(head + 1, len(lines)))
+    doc = inspect.getdoc(obj) if hasattr(obj, "__doc__") else None
+    if (
+        not docstring
+        and doc
+        and obj.__doc__
+        and lines[body[0]].lstrip().startswith(_QUOTES)
+    ):
+        quote = lines[body[0]].lstrip().lstrip("rR")[:3]
+        stop = next(
+            i
+            for i in body
+            if lines[i].rstrip().endswith(quote)
+            and (i > body[0] or lines[i].count(quote) >= 2)
+        )
+        body = [i for i in body if i > stop]
+    keep = body
+    if start is not None or end is not None:
+
+        def find(text: str, after: int) -> int:
+            for i in body:
+                if i >= after and text in lines[i]:
+                    return i
+            name = getattr(obj, "__qualname__", obj)
+            raise ValueError(f"show_source({name}): no line contains {text!r}")
+
+        first = find(start, body[0]) if start is not None else body[0]
+        last = find(end, first + 1) if end is not None else body[-1]
+        keep = [i for i in body if first <= i <= last]
+    out, previous = lines[: head + 1], body[0] - 1 if body else head
+    for i in keep:
+        if i != previous + 1:
+            out.append(_ellipsis(lines[i]))
+        out.append(lines[i])
+        previous = i
+    if keep and keep[-1] != len(lines) - 1:
+        out.append(_ellipsis(lines[keep[-1]]))
+    source = "\n".join(out) + "\n"
     try:
         from IPython import get_ipython
         from IPython.display import Code, display
@@ -48,19 +103,31 @@ def show_source(obj) -> str:
         if get_ipython() is not None:
             display(Code(source, language="python"))
             return source
-    except ImportError:  # pragma: no cover - IPython is always present with the book extras
+    except (
+        ImportError
+    ):  # pragma: no cover - IPython is always present with the book extras
         pass
     print(source)
     return source
 
 
-def largest_new_tensor(fn, *args, **kwargs) -> int:
-    """Run ``fn(*args, **kwargs)`` and return the largest number of elements of any tensor an operation created.
+_DEF = ("def ", "class ", "async def ")
+_QUOTES = ('"""', 'r"""', "'''", "r'''")
 
-    Every ATen operation is intercepted (``TorchDispatchMode``), so a function that claims never to
-    form an ``L x S`` score matrix can be checked: its result here stays below ``L * S``. The inputs
-    themselves are not counted, only what the operations produce (views included: ``x[:3]`` of a
-    ``(100, 100)`` tensor counts 300 elements).
+
+def _ellipsis(line: str) -> str:
+    """A ``...`` line indented like ``line``: it marks lines a listing leaves out."""
+    return " " * (len(line) - len(line.lstrip())) + "..."
+
+
+def largest_new_tensor(fn, *args, **kwargs) -> int:
+    """Run ``fn(*args, **kwargs)`` and return the largest number of elements of any
+    tensor an operation created.
+
+    Every ATen operation is intercepted (``TorchDispatchMode``), so a function that
+    claims never to form an ``L x S`` score matrix can be checked: its result here stays
+    below ``L * S``. The inputs themselves are not counted, only what the operations
+    produce (views included: ``x[:3]`` of a ``(100, 100)`` tensor counts 300 elements).
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 

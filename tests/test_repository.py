@@ -340,3 +340,12 @@ def test_every_paper_the_package_names_is_in_the_bibliography():
             if name not in not_papers and not any(name in authors and y == year for authors, y in entries):
                 missing.add(f"{path.name}: {name} ({year})")
     assert not missing, f"papers named in attnbook but missing from references.bib: {sorted(missing)}"
+
+
+def test_package_lines_fit_the_page():
+    """The package's source is shown in the chapters and on the API's [source] pages: every
+    line fits in 88 columns (pyproject.toml's ruff line-length), so none scrolls sideways."""
+    long = [f"{path.relative_to(ROOT)}:{number}"
+            for path in sorted((ROOT / "attnbook").rglob("*.py"))
+            for number, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 88]
+    assert not long, f"{len(long)} package lines are longer than 88 characters: {long[:10]}"

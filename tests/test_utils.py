@@ -47,6 +47,41 @@ def test_show_source_returns_and_prints_the_source(capsys):
     assert "return x + 1" in capsys.readouterr().out  # outside IPython it prints
 
 
+def _long_example(
+    x,
+    y=2,
+):
+    """A docstring
+    over two lines."""
+    a = x + 1
+    b = a * y
+    c = b - 3
+    return c
+
+
+def test_show_source_can_leave_out_the_docstring():
+    text = utils.show_source(_long_example, docstring=False)
+    assert text.splitlines() == ["def _long_example(", "    x,", "    y=2,", "):",
+                                 "    a = x + 1", "    b = a * y", "    c = b - 3", "    return c"]
+
+
+def test_show_source_keeps_the_lines_between_start_and_end_and_marks_the_cuts():
+    text = utils.show_source(_long_example, "b = a", "c = b", docstring=False)
+    assert text.splitlines() == ["def _long_example(", "    x,", "    y=2,", "):",
+                                 "    ...", "    b = a * y", "    c = b - 3", "    ..."]
+    # end is searched after start: "c = b" cannot end a listing that starts on "a = x"'s line
+    assert utils.show_source(_long_example, "a = x", "return").splitlines()[-1] == "    return c"
+    # the docstring stays unless asked otherwise, and a cut after it is marked
+    assert utils.show_source(_long_example, "return").splitlines()[4:] == ["    ...", "    return c"]
+
+
+def test_show_source_names_a_start_or_end_that_is_not_in_the_code():
+    with pytest.raises(ValueError, match="_long_example.*'nope'"):
+        utils.show_source(_long_example, "nope")
+    with pytest.raises(ValueError, match="'a = x'"):
+        utils.show_source(_long_example, "return", "a = x")  # end before start
+
+
 def test_show_source_rejects_builtins():
     with pytest.raises(TypeError):
         utils.show_source(len)

@@ -1,14 +1,15 @@
 """Auto-checks for the chapters' exercises.
 
-A chapter's coding exercise ends with ``attnbook.exercises.check("<label>", student_object)``. The
-check compares the student's object with the tested implementation in ``attnbook`` (or with a
-property) and prints a clear pass/fail line with a hint. Checks are registered by label with
-:func:`register`; labels are ``<topic>-short-name`` (``positional-alibi-slopes``), equal the ``{exercise}``
-label in the chapter, and the checks of each chapter live in the submodule named by its topic.
+A chapter's coding exercise ends with ``attnbook.exercises.check("<label>",
+student_object)``. The check compares the student's object with the tested
+implementation in ``attnbook`` (or with a property) and prints a clear pass/fail line
+with a hint. Checks are registered by label with :func:`register`; labels are
+``<topic>-short-name`` (``positional-alibi-slopes``), equal the ``{exercise}`` label in
+the chapter, and the checks of each chapter live in the submodule named by its topic.
 
-When the environment variable ``ATTNBOOK_GRADE_LOG`` names a file, every check also appends one
-JSON line ``{"label", "passed", "message"}`` to it: that is how ``python -m attnbook.course grade``
-learns what passed without parsing printed text.
+When the environment variable ``ATTNBOOK_GRADE_LOG`` names a file, every check also
+appends one JSON line ``{"label", "passed", "message"}`` to it: that is how ``python -m
+attnbook.course grade`` learns what passed without parsing printed text.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ class CheckResult:
         return self.passed
 
     def _ipython_display_(self) -> None:
-        """Display nothing in a notebook: :func:`check` has already printed the verdict."""
+        """Display nothing in a notebook: :func:`check` has already printed the
+        verdict."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,8 @@ CHECKS: dict[str, _Check] = {}
 
 
 def register(label: str, hint: str) -> Callable:
-    """Register ``fn(student_object)`` as the check for ``label``; it raises ``AssertionError`` on a wrong answer."""
+    """Register ``fn(student_object)`` as the check for ``label``; it raises
+    ``AssertionError`` on a wrong answer."""
 
     def decorator(fn: Callable[[object], None]) -> Callable[[object], None]:
         if label in CHECKS:
@@ -64,23 +67,44 @@ def _log(result: CheckResult) -> None:
     path = os.environ.get("ATTNBOOK_GRADE_LOG")
     if path:
         with open(path, "a") as f:
-            f.write(json.dumps({"label": result.label, "passed": result.passed, "message": result.message}) + "\n")
+            f.write(
+                json.dumps(
+                    {
+                        "label": result.label,
+                        "passed": result.passed,
+                        "message": result.message,
+                    }
+                )
+                + "\n"
+            )
 
 
 def check(label: str, student: object) -> CheckResult:
-    """Run the check registered for ``label`` on the student's object and print the verdict."""
+    """Run the check registered for ``label`` on the student's object and print the
+    verdict."""
     if label not in CHECKS:
-        raise ValueError(f"unknown exercise label {label!r}; known labels: {', '.join(labels())}")
+        raise ValueError(
+            f"unknown exercise label {label!r}; known labels: {', '.join(labels())}"
+        )
     entry = CHECKS[label]
     try:
         entry.fn(student)
         result = CheckResult(label, True, "passed")
     except NotImplementedError:
-        result = CheckResult(label, False, "not attempted yet: replace the `raise NotImplementedError` with your code")
+        result = CheckResult(
+            label,
+            False,
+            "not attempted yet: replace the `raise NotImplementedError` with your code",
+        )
     except AssertionError as err:
         result = CheckResult(label, False, f"{err} Hint: {entry.hint}".strip())
-    except Exception as err:  # a crash in student code is a failed check, never a crashed notebook
-        result = CheckResult(label, False, f"your code raised {type(err).__name__}: {err}. Hint: {entry.hint}")
+    # a crash in student code is a failed check, never a crashed notebook
+    except Exception as err:
+        result = CheckResult(
+            label,
+            False,
+            f"your code raised {type(err).__name__}: {err}. Hint: {entry.hint}",
+        )
     mark = "PASSED" if result.passed else "FAILED"
     print(f"[{mark}] {label}: {result.message}")
     _log(result)

@@ -14,33 +14,56 @@ def _random_edge_index(gen: torch.Generator, n: int, e: int) -> torch.Tensor:
 
 @register(
     "graph-gcn-propagation",
-    hint="drop the existing self-loops, set A[i, j] = 1 for every edge j -> i (row = target), add the identity, "
+    hint="drop the existing self-loops, set A[i, j] = 1 for every edge j -> i (row = "
+    "target), add the identity, "
     "take deg = row sums of A + I and return (A + I) / sqrt(deg_i deg_j).",
 )
 def _check_gcn_propagation(student) -> None:
-    """``student(edge_index, num_nodes)`` must be the dense ``D^-1/2 (A + I) D^-1/2`` that GCNLayer applies."""
+    """``student(edge_index, num_nodes)`` must be the dense ``D^-1/2 (A + I) D^-1/2``
+    that GCNLayer applies."""
     from ..graph import GCNLayer
 
     gen = torch.Generator().manual_seed(1001)
     cases = [
-        ("a path 0 - 1 - 2 (both directions)", torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 3),
-        ("a graph with an isolated node 4", torch.tensor([[0, 1, 2, 3], [1, 0, 3, 2]]), 5),
-        ("existing self-loops (to be replaced)", torch.tensor([[0, 0, 1, 2, 2], [0, 1, 0, 2, 1]]), 3),
-        ("a random directed graph", torch.unique(_random_edge_index(gen, 8, 20), dim=1), 8),
+        (
+            "a path 0 - 1 - 2 (both directions)",
+            torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]),
+            3,
+        ),
+        (
+            "a graph with an isolated node 4",
+            torch.tensor([[0, 1, 2, 3], [1, 0, 3, 2]]),
+            5,
+        ),
+        (
+            "existing self-loops (to be replaced)",
+            torch.tensor([[0, 0, 1, 2, 2], [0, 1, 0, 2, 1]]),
+            3,
+        ),
+        (
+            "a random directed graph",
+            torch.unique(_random_edge_index(gen, 8, 20), dim=1),
+            8,
+        ),
     ]
     for what, edge_index, n in cases:
         used, weight = GCNLayer(1, 1).edge_weights(edge_index, n)
-        expected = torch.zeros(n, n).index_put_((used[1], used[0]), weight, accumulate=True)
+        expected = torch.zeros(n, n).index_put_(
+            (used[1], used[0]), weight, accumulate=True
+        )
         assert_close(student(edge_index, n), expected, what)
 
 
 @register(
     "graph-edge-softmax",
-    hint="for each target node take the maximum of its edges' scores (scatter_reduce with 'amax'), subtract it, "
-    "exponentiate, sum per target with index_add_, and divide each edge by its target's sum.",
+    hint="for each target node take the maximum of its edges' scores (scatter_reduce "
+    "with 'amax'), subtract it, "
+    "exponentiate, sum per target with index_add_, and divide each edge by its "
+    "target's sum.",
 )
 def _check_edge_softmax(student) -> None:
-    """``student(scores, target, num_nodes)`` must equal :func:`attnbook.graph.edge_softmax`."""
+    """``student(scores, target, num_nodes)`` must equal
+    :func:`attnbook.graph.edge_softmax`."""
     from ..graph import edge_softmax
 
     gen = torch.Generator().manual_seed(1002)
@@ -48,29 +71,54 @@ def _check_edge_softmax(student) -> None:
     cases = [
         ("scores of shape (E,)", torch.randn(15, generator=gen)),
         ("scores of shape (E, heads=3)", torch.randn(15, 3, generator=gen)),
-        ("scores around 1000 (overflow test)", torch.randn(15, 2, generator=gen) + 1000.0),
+        (
+            "scores around 1000 (overflow test)",
+            torch.randn(15, 2, generator=gen) + 1000.0,
+        ),
     ]
     for what, scores in cases:
-        actual = student(scores, target, 7)  # node 6 (and maybe others) has no incoming edge
+        # node 6 (and maybe others) has no incoming edge
+        actual = student(scores, target, 7)
         assert not torch.isnan(actual).any(), f"{what}: your weights contain NaN."
         assert_close(actual, edge_softmax(scores, target, 7), what)
 
 
 @register(
     "graph-gat-coefficients",
-    hint="z = (x @ weight.T).view(N, heads, out_dim); s_src = (z * att_src).sum(-1) and s_dst likewise, "
-    "both (N, heads); e[h, i, j] = leaky_relu(s_dst[i, h] + s_src[j, h], negative_slope); add the identity to "
+    hint="z = (x @ weight.T).view(N, heads, out_dim); s_src = (z * att_src).sum(-1) "
+    "and s_dst likewise, "
+    "both (N, heads); e[h, i, j] = leaky_relu(s_dst[i, h] + s_src[j, h], "
+    "negative_slope); add the identity to "
     "adj, fill the non-edges with -inf and softmax over j (the last dim).",
 )
 def _check_gat_coefficients(student) -> None:
-    """``student(x, adj, weight, att_src, att_dst, negative_slope)`` must equal ``GATLayer.forward_dense``'s weights."""
+    """``student(x, adj, weight, att_src, att_dst, negative_slope)`` must equal
+    ``GATLayer.forward_dense``'s weights."""
     from ..graph import GATLayer, to_dense_adjacency
 
     gen = torch.Generator().manual_seed(1003)
     cases = [
-        ("one head on a path 0 - 1 - 2 plus an isolated node 3", torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]), 4, 1, 0.2),
-        ("3 heads on a graph that already has self-loops", torch.tensor([[0, 0, 1, 2, 2, 3], [0, 1, 0, 2, 3, 3]]), 4, 3, 0.2),
-        ("2 heads on a random directed graph, negative_slope = 0.01", _random_edge_index(gen, 7, 15), 7, 2, 0.01),
+        (
+            "one head on a path 0 - 1 - 2 plus an isolated node 3",
+            torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]]),
+            4,
+            1,
+            0.2,
+        ),
+        (
+            "3 heads on a graph that already has self-loops",
+            torch.tensor([[0, 0, 1, 2, 2, 3], [0, 1, 0, 2, 3, 3]]),
+            4,
+            3,
+            0.2,
+        ),
+        (
+            "2 heads on a random directed graph, negative_slope = 0.01",
+            _random_edge_index(gen, 7, 15),
+            7,
+            2,
+            0.01,
+        ),
     ]
     for what, edge_index, n, heads, slope in cases:
         with torch.random.fork_rng(devices=[]):
@@ -80,8 +128,16 @@ def _check_gat_coefficients(student) -> None:
         adj = to_dense_adjacency(edge_index, n)
         with torch.no_grad():
             _, expected = layer.forward_dense(x, adj, return_attention=True)
-        actual = student(x, adj.clone(), layer.lin.weight.detach().clone(), layer.att_src.detach().clone(),
-                         layer.att_dst.detach().clone(), slope)
-        assert isinstance(actual, torch.Tensor), f"return a torch.Tensor, got {type(actual).__name__}."
+        actual = student(
+            x,
+            adj.clone(),
+            layer.lin.weight.detach().clone(),
+            layer.att_src.detach().clone(),
+            layer.att_dst.detach().clone(),
+            slope,
+        )
+        assert isinstance(actual, torch.Tensor), (
+            f"return a torch.Tensor, got {type(actual).__name__}."
+        )
         assert not torch.isnan(actual).any(), f"{what}: your weights contain NaN."
         assert_close(actual, expected, what)

@@ -10,12 +10,15 @@ from .common import assert_close, real_number
 
 @register(
     "vision-patchify",
-    hint="cut (B, C, H, W) into (H/p) x (W/p) patches with reshape(B, C, H/p, p, W/p, p), move the two patch-grid "
-    "axes to the front of each image (permute to B, H/p, W/p, C, p, p) and flatten: rows of patches first, "
+    hint="cut (B, C, H, W) into (H/p) x (W/p) patches with reshape(B, C, H/p, p, W/p, "
+    "p), move the two patch-grid "
+    "axes to the front of each image (permute to B, H/p, W/p, C, p, p) and flatten: "
+    "rows of patches first, "
     "each patch channel-major.",
 )
 def _check_patchify(student) -> None:
-    """``student(images, patch_size)`` must equal unfold's row-major, channel-major patches ``(B, N, C*p*p)``."""
+    """``student(images, patch_size)`` must equal unfold's row-major, channel-major
+    patches ``(B, N, C*p*p)``."""
     import torch.nn.functional as F
 
     from ..vision import PatchEmbedding
@@ -25,42 +28,61 @@ def _check_patchify(student) -> None:
         x = torch.randn(B, C, size, size, generator=gen)
         expected = F.unfold(x, kernel_size=p, stride=p).transpose(1, 2)
         actual = student(x, p)
-        assert isinstance(actual, torch.Tensor), f"return a torch.Tensor, got {type(actual).__name__}."
-        assert_close(actual, expected, f"patches of a {tuple(x.shape)} batch with patch_size={p}")
+        assert isinstance(actual, torch.Tensor), (
+            f"return a torch.Tensor, got {type(actual).__name__}."
+        )
+        assert_close(
+            actual, expected, f"patches of a {tuple(x.shape)} batch with patch_size={p}"
+        )
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(p)
             embed = PatchEmbedding(size, p, C, 5)
         with torch.no_grad():
-            assert_close(actual @ embed.proj.weight.reshape(5, -1).T + embed.proj.bias, embed(x),
-                          f"a linear layer on your patches vs PatchEmbedding (patch_size={p})")
+            assert_close(
+                actual @ embed.proj.weight.reshape(5, -1).T + embed.proj.bias,
+                embed(x),
+                f"a linear layer on your patches vs PatchEmbedding (patch_size={p})",
+            )
 
 
 @register(
     "vision-rollout",
-    hint="for each layer: average over heads (dim 1), add the identity, halve, divide each row by its sum; then "
-    "multiply the layers together with the LATER layer on the left: rollout = A_l @ rollout.",
+    hint="for each layer: average over heads (dim 1), add the identity, halve, divide "
+    "each row by its sum; then "
+    "multiply the layers together with the LATER layer on the left: rollout = A_l @ "
+    "rollout.",
 )
 def _check_rollout(student) -> None:
-    """``student(attentions)`` must equal :func:`attnbook.vision.attention_rollout` (with the residual)."""
+    """``student(attentions)`` must equal :func:`attnbook.vision.attention_rollout`
+    (with the residual)."""
     from ..vision import attention_rollout
 
     gen = torch.Generator().manual_seed(209)
     cases = [(1, 1, 2, 1), (2, 4, 5, 3), (1, 2, 7, 6)]
     for B, H, T, L in cases:
-        layers = [torch.softmax(2 * torch.randn(B, H, T, T, generator=gen), dim=-1) for _ in range(L)]
+        layers = [
+            torch.softmax(2 * torch.randn(B, H, T, T, generator=gen), dim=-1)
+            for _ in range(L)
+        ]
         if L > 1:  # an asymmetric case: the order of the product matters
             layers[0][..., 0] += 1.0
             layers[0] /= layers[0].sum(-1, keepdim=True)
-        assert_close(student(layers), attention_rollout(layers), f"rollout of {L} layers of shape {(B, H, T, T)}")
+        assert_close(
+            student(layers),
+            attention_rollout(layers),
+            f"rollout of {L} layers of shape {(B, H, T, T)}",
+        )
 
 
 @register(
     "vision-spatial-gate",
-    hint="stack the channel mean and the channel maximum (in that order, keepdim=True) into (B, 2, H, W), "
+    hint="stack the channel mean and the channel maximum (in that order, "
+    "keepdim=True) into (B, 2, H, W), "
     "apply F.conv2d(pooled, weight, padding=k // 2) and a sigmoid.",
 )
 def _check_spatial_gate(student) -> None:
-    """``student(x, weight)`` must equal :meth:`attnbook.vision.SpatialAttention.gate` with that conv weight."""
+    """``student(x, weight)`` must equal :meth:`attnbook.vision.SpatialAttention.gate`
+    with that conv weight."""
     from ..vision import SpatialAttention
 
     gen = torch.Generator().manual_seed(309)
@@ -76,21 +98,31 @@ def _check_spatial_gate(student) -> None:
             gate.conv.weight.copy_(torch.randn(1, 2, k, k, generator=gen))
             expected = gate.gate(x)
         actual = student(x.clone(), gate.conv.weight.detach().clone())
-        assert isinstance(actual, torch.Tensor), f"return a torch.Tensor, got {type(actual).__name__}."
+        assert isinstance(actual, torch.Tensor), (
+            f"return a torch.Tensor, got {type(actual).__name__}."
+        )
         assert_close(actual, expected, what)
 
 
 @register(
     "vision-conv-heads",
-    hint="the bound 2 (n - 1) / (e^pi + n - 1) * max_abs_x * w_norm decreases in pi; set it equal to tol and solve "
-    "for e^pi (keep the n - 1 in the denominator), and return 0.0 when pi = 0 already meets the tolerance.",
+    hint="the bound 2 (n - 1) / (e^pi + n - 1) * max_abs_x * w_norm decreases in pi; "
+    "set it equal to tol and solve "
+    "for e^pi (keep the n - 1 in the denominator), and return 0.0 when pi = 0 already "
+    "meets the tolerance.",
 )
 def _check_conv_heads(student) -> None:
-    """``student(n, tol, max_abs_x=1.0, w_norm=1.0)`` must return the smallest peak ``pi >= 0`` with ``2 (n-1) / (e^pi + n-1) * max_abs_x * w_norm <= tol``, found by bisection."""
+    """``student(n, tol, max_abs_x=1.0, w_norm=1.0)`` must return the smallest peak ``pi
+    >= 0`` with ``2 (n-1) / (e^pi + n-1) * max_abs_x * w_norm <= tol``, found by
+    bisection."""
     import math
 
     def bound(pi, n, x, w):
-        return 0.0 if n == 1 else 2 * (n - 1) / (math.exp(min(pi, 700.0)) + (n - 1)) * x * w
+        return (
+            0.0
+            if n == 1
+            else 2 * (n - 1) / (math.exp(min(pi, 700.0)) + (n - 1)) * x * w
+        )
 
     def bisect(n, tol, x, w):
         if bound(0.0, n, x, w) <= tol:
@@ -117,6 +149,7 @@ def _check_conv_heads(student) -> None:
         what = f"n={n}, tol={tol}, max_abs_x={x}, w_norm={w}"
         got = real_number(student(n, tol, max_abs_x=x, w_norm=w), what)
         assert abs(got - expected) <= 1e-6 * max(1.0, expected), (
-            f"for {what} you return pi = {got!r}, where the bound is {bound(got, n, x, w):.4g}; the smallest "
+            f"for {what} you return pi = {got!r}, where the bound is "
+            f"{bound(got, n, x, w):.4g}; the smallest "
             f"pi >= 0 with the bound <= tol is {expected:.8g}."
         )

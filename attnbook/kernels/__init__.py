@@ -1,20 +1,23 @@
-"""Triton GPU kernels (FlashAttention, block-sparse, decoding), and which GPUs can run them.
+"""Triton GPU kernels (FlashAttention, block-sparse, decoding), and which GPUs can run
+them.
 
-The kernel modules (:mod:`attnbook.kernels.flash_triton`, :mod:`attnbook.kernels.decode`) import
-``triton`` and are loaded only when used; this package itself needs nothing but torch. Its two
-functions answer the question a reader on Colab asks first, "will the Triton kernels run here?":
+The kernel modules (:mod:`attnbook.kernels.flash_triton`,
+:mod:`attnbook.kernels.decode`) import ``triton`` and are loaded only when used; this
+package itself needs nothing but torch. Its two functions answer the question a reader
+on Colab asks first, "will the Triton kernels run here?":
 
 * :func:`plan` is the rule the dispatchers (:func:`attnbook.flash.flash_attention`,
   :func:`attnbook.kvcache.decode_attention`, ``TinyGPT``'s decoding step) follow for
-  ``backend="auto"``: Triton on a CUDA GPU that can run the kernel, else the PyTorch path, with
-  the reason;
-* :func:`support` reports the current machine: GPU, compute capability, Triton version, and what
-  each kernel will do there.
+  ``backend="auto"``: Triton on a CUDA GPU that can run the kernel, else the PyTorch
+  path, with the reason;
+* :func:`support` reports the current machine: GPU, compute capability, Triton version,
+  and what each kernel will do there.
 
-The rules, from Triton's and NVIDIA's documentation: Triton generates code for compute capability
-7.0 and newer and lists 8.0+ (Ampere) as its supported NVIDIA hardware; its recent versions
-compute ``tl.dot`` on 7.x GPUs (V100, T4) without tensor cores, so the kernels are correct there
-but slow. bfloat16 needs 8.0+. The FlashAttention kernels take head dimensions 16, 32, 64 and 128.
+The rules, from Triton's and NVIDIA's documentation: Triton generates code for compute
+capability 7.0 and newer and lists 8.0+ (Ampere) as its supported NVIDIA hardware; its
+recent versions compute ``tl.dot`` on 7.x GPUs (V100, T4) without tensor cores, so the
+kernels are correct there but slow. bfloat16 needs 8.0+. The FlashAttention kernels take
+head dimensions 16, 32, 64 and 128.
 """
 
 from __future__ import annotations
@@ -39,47 +42,79 @@ def _triton_version() -> str | None:
         return None
     try:
         return importlib.metadata.version("triton")
-    except importlib.metadata.PackageNotFoundError:  # pragma: no cover - a source build of triton
+    except (
+        importlib.metadata.PackageNotFoundError
+    ):  # pragma: no cover - a source build of triton
         return "unknown"
 
 
-def plan(kernel: str, capability: tuple[int, int] | None, dtype: torch.dtype = torch.float16,
-         head_dim: int = 64, triton_version: str | None = "installed") -> tuple[str, str]:
-    """The backend ``"auto"`` picks for ``kernel`` (``"flash"`` or ``"decode"``), and why.
+def plan(
+    kernel: str,
+    capability: tuple[int, int] | None,
+    dtype: torch.dtype = torch.float16,
+    head_dim: int = 64,
+    triton_version: str | None = "installed",
+) -> tuple[str, str]:
+    """The backend ``"auto"`` picks for ``kernel`` (``"flash"`` or ``"decode"``), and
+    why.
 
-    ``capability`` is the GPU's compute capability ``(major, minor)`` (``None``: no CUDA tensor),
-    ``triton_version`` ``None`` when Triton is not installed. Returns ``("triton", note)`` or
-    ``("torch", reason)``; the note says when Triton runs but without tensor cores (capability 7.x).
+    ``capability`` is the GPU's compute capability ``(major, minor)`` (``None``: no CUDA
+    tensor), ``triton_version`` ``None`` when Triton is not installed. Returns
+    ``("triton", note)`` or ``("torch", reason)``; the note says when Triton runs but
+    without tensor cores (capability 7.x).
     """
     if kernel not in _KERNELS:
         raise ValueError(f"kernel must be one of {_KERNELS}, got {kernel!r}")
     if capability is None:
-        return "torch", "no CUDA tensor: the PyTorch reference runs (Triton only under TRITON_INTERPRET=1, for tests)"
+        return (
+            "torch",
+            "no CUDA tensor: the PyTorch reference runs (Triton only under "
+            "TRITON_INTERPRET=1, for tests)",
+        )
     if triton_version is None:
         return "torch", "Triton is not installed (pip install triton, or attnbook[gpu])"
     if tuple(capability) < (7, 0):
-        return "torch", f"Triton does not compile for compute capability {capability[0]}.{capability[1]} (< 7.0)"
+        return (
+            "torch",
+            "Triton does not compile for compute capability "
+            f"{capability[0]}.{capability[1]} (< 7.0)",
+        )
     if dtype == torch.bfloat16 and tuple(capability) < (8, 0):
-        return "torch", f"bfloat16 needs compute capability >= 8.0, this GPU has {capability[0]}.{capability[1]}"
+        return (
+            "torch",
+            "bfloat16 needs compute capability >= 8.0, this GPU has "
+            f"{capability[0]}.{capability[1]}",
+        )
     if dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return "torch", f"the kernels take float16, bfloat16 or float32, not {dtype}"
     if kernel == "flash" and head_dim not in FLASH_HEAD_DIMS:
-        return "torch", f"head_dim {head_dim} is not one of the kernels' {FLASH_HEAD_DIMS}"
+        return (
+            "torch",
+            f"head_dim {head_dim} is not one of the kernels' {FLASH_HEAD_DIMS}",
+        )
     if tuple(capability) < (8, 0):
-        return "triton", (f"runs, but Triton computes tl.dot without tensor cores on compute capability "
-                          f"{capability[0]}.{capability[1]}: correct and slower than on 8.0+")
-    return "triton", f"compute capability {capability[0]}.{capability[1]}: fully supported"
+        return "triton", (
+            "runs, but Triton computes tl.dot without tensor cores on compute "
+            "capability "
+            f"{capability[0]}.{capability[1]}: correct and slower than on 8.0+"
+        )
+    return (
+        "triton",
+        f"compute capability {capability[0]}.{capability[1]}: fully supported",
+    )
 
 
 def plan_for(kernel: str, x: torch.Tensor) -> tuple[str, str]:
-    """:func:`plan` for a tensor ``x`` shaped ``(..., head_dim)`` (its device, dtype and last dim)."""
+    """:func:`plan` for a tensor ``x`` shaped ``(..., head_dim)`` (its device, dtype and
+    last dim)."""
     capability = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
     return plan(kernel, capability, x.dtype, x.shape[-1], _triton_version())
 
 
 @dataclass(frozen=True)
 class KernelSupport:
-    """What :func:`support` found: the device and, per kernel and dtype, the backend and the reason."""
+    """What :func:`support` found: the device and, per kernel and dtype, the backend and
+    the reason."""
 
     device: str
     capability: tuple[int, int] | None
@@ -88,30 +123,48 @@ class KernelSupport:
     plans: dict[tuple[str, str], tuple[str, str]]
 
     def __str__(self) -> str:
-        cap = "-" if self.capability is None else f"{self.capability[0]}.{self.capability[1]}"
-        lines = [f"device: {self.device} (compute capability {cap})",
-                 f"triton: {self.triton_version or 'not installed'}"
-                 + ("; TRITON_INTERPRET=1 (CPU interpreter)" if self.interpreter else "")]
+        cap = (
+            "-"
+            if self.capability is None
+            else f"{self.capability[0]}.{self.capability[1]}"
+        )
+        lines = [
+            f"device: {self.device} (compute capability {cap})",
+            f"triton: {self.triton_version or 'not installed'}"
+            + ("; TRITON_INTERPRET=1 (CPU interpreter)" if self.interpreter else ""),
+        ]
         for (kernel, dtype), (backend, why) in self.plans.items():
             lines.append(f"{kernel + ' ' + dtype + ':':<17} {backend:<6} {why}")
         return "\n".join(lines)
 
 
 def support(device: torch.device | str | None = None) -> KernelSupport:
-    """Report which backend each kernel uses on ``device`` (default: the current CUDA GPU, else CPU).
+    """Report which backend each kernel uses on ``device`` (default: the current CUDA
+    GPU, else CPU).
 
-    ``print(attnbook.kernels.support())`` in a Colab notebook shows the GPU, its compute capability,
-    the Triton version and, for the flash and decode kernels in float16/bfloat16/float32 (head_dim
-    64), whether ``backend="auto"`` runs Triton or the PyTorch path, and why.
+    ``print(attnbook.kernels.support())`` in a Colab notebook shows the GPU, its compute
+    capability, the Triton version and, for the flash and decode kernels in
+    float16/bfloat16/float32 (head_dim 64), whether ``backend="auto"`` runs Triton or
+    the PyTorch path, and why.
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)
     if device.type == "cuda":
-        name, capability = torch.cuda.get_device_name(device), torch.cuda.get_device_capability(device)
+        name, capability = (
+            torch.cuda.get_device_name(device),
+            torch.cuda.get_device_capability(device),
+        )
     else:
         name, capability = device.type, None
     version = _triton_version()
-    plans = {(kernel, str(dtype).removeprefix("torch.")): plan(kernel, capability, dtype, 64, version)
-             for kernel in _KERNELS for dtype in (torch.float16, torch.bfloat16, torch.float32)}
-    return KernelSupport(name, capability, version, os.environ.get("TRITON_INTERPRET") == "1", plans)
+    plans = {
+        (kernel, str(dtype).removeprefix("torch.")): plan(
+            kernel, capability, dtype, 64, version
+        )
+        for kernel in _KERNELS
+        for dtype in (torch.float16, torch.bfloat16, torch.float32)
+    }
+    return KernelSupport(
+        name, capability, version, os.environ.get("TRITON_INTERPRET") == "1", plans
+    )
