@@ -30,6 +30,7 @@ __all__ = [
     "general_score",
     "additive_score",
     "masked_softmax",
+    "attention_entropy",
     "scaled_dot_product_attention",
     "hard_attention_weights",
     "hard_attention",
@@ -244,6 +245,50 @@ def masked_softmax(
         return torch.softmax(scores, dim=-1)
     weights = torch.softmax(scores.masked_fill(dead, 0.0), dim=-1)
     return weights.masked_fill(dead, 0.0)
+
+
+def attention_entropy(
+    weights: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    *,
+    normalize: bool = False,
+) -> torch.Tensor:
+    r"""Entropy in nats of each row of attention weights, over the keys it may see.
+
+    .. math:: H(\alpha_i) = -\sum_{j \in \mathcal{A}_i} \alpha_{ij} \log
+        \alpha_{ij}, \qquad 0 \log 0 = 0,
+
+    where :math:`\mathcal{A}_i` are the keys allowed to query ``i`` by ``attn_mask``
+    (bool, True = may attend, or additive float, ``-inf`` = masked; broadcastable to
+    ``weights``). ``weights``: ``(..., S)`` rows that sum to 1 (or 0 for a dead row);
+    returns ``(...)``. ``H = 0`` for a one-hot row and ``H = log S`` for a uniform row
+    over ``S`` allowed keys. With ``normalize=True`` each row is divided by ``log
+    |A_i|``, its largest possible value, so rows with different numbers of keys (a
+    causal mask) compare on one scale from 0 (one key) to 1 (uniform); rows with fewer
+    than two keys give 0.
+
+    Low entropy means a head looks at a few keys, high entropy that it averages many;
+    a penalty ``lambda * H`` in the loss pushes heads one way or the other.
+    """
+    _check_float("weights", weights)
+    # 0 log 0 = 0, with a finite gradient at 0 (xlogy's is -inf), so that the entropy
+    # can be a training penalty under a mask
+    tiny = torch.finfo(weights.dtype).tiny
+    plogp = torch.where(weights > 0, weights * weights.clamp_min(tiny).log(), 0.0)
+    allowed = None
+    if attn_mask is not None:
+        _check_mask(attn_mask, tuple(weights.shape))
+        allowed = attn_mask if attn_mask.dtype == torch.bool else ~attn_mask.isneginf()
+        plogp = plogp.masked_fill(~allowed, 0.0)
+    entropy = -plogp.sum(-1)
+    if not normalize:
+        return entropy
+    if allowed is None:
+        n_keys = torch.full_like(entropy, weights.shape[-1])
+    else:
+        n_keys = allowed.expand(weights.shape).sum(-1).to(entropy)
+    log_n = torch.log(n_keys)
+    return torch.where(n_keys > 1, entropy / log_n.clamp_min(1e-12), 0.0)
 
 
 def scaled_dot_product_attention(

@@ -3,11 +3,11 @@
 
 nanoGPT-style (Radford et al., 2019 for the pre-norm GPT-2 block): a config dataclass,
 then one small class per idea (attention, MLP, block, model). What is special here is
-that the positional scheme is a setting, so Chapter 3 can train the same network with
-each of
+that the positional scheme is a setting, so the chapter on positions can train the same
+network with each of
 
 * ``"none"``: no position information at all (a causal mask still leaks some, see
-  Chapter 3);
+  the chapter on positions);
 * ``"sinusoidal"`` / ``"learned"``: absolute vectors added to the token embeddings;
 * ``"t5"``: T5's bucketed relative bias, one table shared by all layers;
 * ``"alibi"``: ALiBi's fixed linear bias;
@@ -18,9 +18,13 @@ bias for t5 and alibi) with the projection layout of
 :class:`attnbook.core.MultiHeadAttention` (``q_proj``, ``k_proj``, ``v_proj``,
 ``out_proj``; ``n_kv_heads < n_heads`` gives grouped-query attention).
 
+Every forward pass takes a ``head_mask`` (1 keeps a head, 0 removes its output; Michel,
+Levy & Neubig, 2019) and can return the attention weights of every layer: what head
+pruning (:func:`head_importance`), DropHead (:func:`drophead_mask`) and debugging by
+looking at the weights need.
+
 ``TinyGPT.generate`` decodes greedily or by sampling, with or without a KV cache
-(:class:`attnbook.kvcache.KVCache`, Chapter 6). With a cache every forward pass feeds
-only the new
+(:class:`attnbook.kvcache.KVCache`). With a cache every forward pass feeds only the new
 tokens: their positions start at ``cache.length``, RoPE rotates the new keys before they
 are stored, and the t5/alibi biases are rebuilt for ``(new queries, all keys)`` from
 positions. On CUDA a one-token step without a bias runs the split-KV Triton kernel
@@ -30,6 +34,7 @@ positions. On CUDA a one-token step without a bias runs the split-KV Triton kern
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable, Iterable
 
 import torch
 from torch import nn
@@ -54,6 +59,8 @@ __all__ = [
     "Block",
     "TinyGPT",
     "TinyEncoder",
+    "head_importance",
+    "drophead_mask",
 ]
 
 POSITIONAL_SCHEMES = ("none", "sinusoidal", "learned", "t5", "alibi", "rope")
@@ -120,13 +127,18 @@ class Attention(nn.Module):
         x: torch.Tensor,
         bias: torch.Tensor | None = None,
         cache: KVCache | None = None,
-    ) -> torch.Tensor:
+        *,
+        head_mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+    ):
         """``x``: ``(B, T, d_model)``; ``bias``: additive, broadcastable to ``(B,
         n_heads, T, S)``.
 
         With a ``cache`` holding ``P`` positions, ``x`` holds positions ``P .. P+T-1``,
         their keys and values are appended to the cache and the queries attend to all
-        ``S = P + T`` cached keys.
+        ``S = P + T`` cached keys. ``head_mask``: ``(n_heads,)`` or ``(B, n_heads)``
+        factors on each head's output before ``out_proj`` (0 removes the head).
+        ``return_weights=True`` also returns the weights ``(B, n_heads, T, S)``.
         """
         B, T, _ = x.shape
         offset = cache.length if cache is not None else 0
@@ -141,6 +153,7 @@ class Attention(nn.Module):
             if (
                 T == 1
                 and bias is None
+                and not return_weights
                 and x.is_cuda
                 and not self.training
                 and type(cache) is KVCache
@@ -152,19 +165,35 @@ class Attention(nn.Module):
                 lengths = torch.full(
                     (B,), offset + 1, dtype=torch.int32, device=x.device
                 )
-                out = decode_attention(q, k, v, lengths)
-                return self.out_proj(out.transpose(1, 2).reshape(B, T, -1))
+                return self._merge_heads(decode_attention(q, k, v, lengths), head_mask)
         group = self.n_heads // self.n_kv_heads
         if group > 1:
             k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        out = scaled_dot_product_attention(
+        out, weights = scaled_dot_product_attention(
             q,
             k,
             v,
             bias,
             is_causal=self.causal,
             dropout_p=self.dropout if self.training else 0.0,
+            return_weights=True,
         )
+        out = self._merge_heads(out, head_mask)
+        return (out, weights) if return_weights else out
+
+    def _merge_heads(
+        self, out: torch.Tensor, head_mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        """``(B, n_heads, T, head_dim)`` -> ``(B, T, d_model)``: scale each head by its
+        entry of ``head_mask``, concatenate the heads, apply ``out_proj``."""
+        B, _, T, _ = out.shape
+        if head_mask is not None:
+            if head_mask.shape[-1] != self.n_heads or head_mask.dim() > 2:
+                raise ValueError(
+                    f"head_mask must have shape (n_heads={self.n_heads},) or (batch, "
+                    f"n_heads), got {tuple(head_mask.shape)}"
+                )
+            out = out * head_mask.to(out)[..., None, None]
         return self.out_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
@@ -197,9 +226,19 @@ class Block(nn.Module):
         x: torch.Tensor,
         bias: torch.Tensor | None = None,
         cache: KVCache | None = None,
-    ) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x), bias, cache)
-        return x + self.mlp(self.ln2(x))
+        *,
+        head_mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+    ):
+        """``(B, T, d_model)`` -> the same shape, or ``(x, weights)`` with
+        ``return_weights=True``; ``head_mask`` as in :class:`Attention`."""
+        out = self.attn(
+            self.ln1(x), bias, cache, head_mask=head_mask, return_weights=return_weights
+        )
+        out, weights = out if return_weights else (out, None)
+        x = x + out
+        x = x + self.mlp(self.ln2(x))
+        return (x, weights) if return_weights else x
 
 
 class _Transformer(nn.Module):
@@ -251,16 +290,29 @@ class _Transformer(nn.Module):
         idx: torch.Tensor,
         attn_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
-    ) -> torch.Tensor:
+        *,
+        head_mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+    ):
         """``idx``: ``(B, T)`` token ids -> logits ``(B, T, vocab_size)``.
 
         ``attn_mask``: optional bool ``(B, 1, 1, S)`` key-padding mask (True = real
         token). ``cache``: a :class:`attnbook.kvcache.KVCache` holding the ``P`` earlier
-        positions (``S = P + T``); it is updated in place.
+        positions (``S = P + T``); it is updated in place. ``head_mask``: ``(n_layers,
+        n_heads)`` or ``(n_layers, B, n_heads)``, row ``l`` scales the heads of layer
+        ``l`` (1 keeps a head, 0 removes it). ``return_weights=True`` returns
+        ``(logits, weights)`` with the weights of every layer, ``(n_layers, B, n_heads,
+        T, S)``.
         """
         if idx.dim() != 2:
             raise ValueError(
                 f"idx must have shape (batch, seq), got {tuple(idx.shape)}"
+            )
+        n_layers = len(self.blocks)
+        if head_mask is not None and head_mask.shape[0] != n_layers:
+            raise ValueError(
+                f"head_mask must have shape (n_layers={n_layers}, [batch,] n_heads), "
+                f"got {tuple(head_mask.shape)}"
             )
         x, bias = self._positions(
             self.tok_emb(idx), cache.length if cache is not None else 0
@@ -270,9 +322,15 @@ class _Transformer(nn.Module):
                 attn_mask.shape, dtype=x.dtype, device=x.device
             ).masked_fill(~attn_mask, float("-inf"))
             bias = padding if bias is None else bias + padding
-        for block in self.blocks:
-            x = block(x, bias, cache)
-        return self.head(self.ln_f(x))
+        weights = []
+        for layer, block in enumerate(self.blocks):
+            mask = None if head_mask is None else head_mask[layer]
+            x = block(x, bias, cache, head_mask=mask, return_weights=return_weights)
+            if return_weights:
+                x, w = x
+                weights.append(w)
+        logits = self.head(self.ln_f(x))
+        return (logits, torch.stack(weights)) if return_weights else logits
 
 
 class TinyGPT(_Transformer):
@@ -370,3 +428,67 @@ class TinyEncoder(_Transformer):
     head."""
 
     causal = False
+
+
+# --------------------------------------------------------------------------------------
+# Head masks: pruning (Michel et al., 2019) and DropHead (Zhou et al., 2020)
+# --------------------------------------------------------------------------------------
+def head_importance(
+    model: nn.Module,
+    batches: Iterable,
+    loss_fn: Callable[[nn.Module, object, torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    r"""Importance of every head, ``(n_layers, n_heads)``, by Michel et al.'s proxy.
+
+    Give each head ``h`` a gate :math:`\xi_h` on its output (the ``head_mask``) and
+    measure how much the loss reacts to it at :math:`\xi = 1`:
+
+    .. math:: I_h = \frac{1}{N} \sum_{n=1}^{N}
+        \left| \frac{\partial \mathcal{L}_n}{\partial \xi_h} \right|,
+
+    the mean over the ``N`` batches of the absolute derivative of each batch's loss:
+    a first-order estimate of what removing the head (:math:`\xi_h = 0`) would cost.
+    ``loss_fn(model, batch, head_mask)`` returns the scalar loss of one batch with that
+    mask, e.g. ``cross_entropy(model(x, head_mask=head_mask), y)``. The model runs in
+    eval mode (no dropout); its parameters get no gradient. Michel et al. also
+    normalize each layer's scores; comparing heads across layers may need that.
+    """
+    param = next(model.parameters())
+    shape = (model.config.n_layers, model.config.n_heads)
+    gate = torch.ones(shape, dtype=param.dtype, device=param.device).requires_grad_()
+    was_training = model.training
+    model.eval()
+    sizes = []  # |dL_n / d xi| of every batch
+    try:
+        for batch in batches:
+            (grad,) = torch.autograd.grad(loss_fn(model, batch, gate), gate)
+            sizes.append(grad.abs())
+    finally:
+        model.train(was_training)
+    if not sizes:
+        raise ValueError("batches is empty")
+    return torch.stack(sizes).mean(0)
+
+
+def drophead_mask(
+    n_layers: int,
+    n_heads: int,
+    p: float,
+    batch_size: int,
+    generator: torch.Generator | None = None,
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """A random DropHead ``head_mask`` of shape ``(n_layers, batch_size, n_heads)``
+    (Zhou et al., 2020).
+
+    DropHead is dropout on whole heads: for every layer and every sequence of the batch
+    each head is dropped with probability ``p``, and the kept heads are scaled by
+    ``n_heads / n_kept`` so that the layer's output keeps its size (a layer that loses
+    every head gives zeros). Pass it as ``model(x, head_mask=...)`` in training only.
+    """
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"p must be in [0, 1), got {p}")
+    shape = (n_layers, batch_size, n_heads)
+    keep = torch.rand(shape, generator=generator, device=device) >= p
+    kept = keep.sum(-1, keepdim=True)
+    return keep * (n_heads / kept.clamp_min(1))

@@ -23,9 +23,10 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from .core import attention_entropy
+
 __all__ = [
     "DEFAULT_SCORES",
-    "attention_entropy",
     "softmax_temperature_explorer",
     "rope_rotation_explorer",
 ]
@@ -33,18 +34,6 @@ __all__ = [
 #: Scores of one query against five keys (one clear winner, a runner-up, and three
 #: weaker keys), where the temperature explorer starts.
 DEFAULT_SCORES = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
-
-
-def attention_entropy(weights: torch.Tensor) -> torch.Tensor:
-    r"""Entropy in nats of attention weights along the last dimension.
-
-    .. math:: H(\alpha) = -\sum_j \alpha_j \log \alpha_j, \qquad 0 \log 0 = 0.
-
-    ``weights``: ``(..., S)`` rows that sum to 1; returns ``(...)``. ``H = 0`` for a
-    one-hot row (hard attention) and ``H = log S`` for the uniform row (a plain average
-    of the values).
-    """
-    return -torch.special.xlogy(weights, weights).sum(-1)
 
 
 def _check_inputs(
@@ -87,9 +76,9 @@ def softmax_temperature_explorer(
 
     Static figure (always drawn, so the website shows it): one bar chart of the weights
     ``alpha = softmax(scores / T)`` per temperature, side by side, and a last panel with
-    the entropy ``H(alpha)`` (:func:`attention_entropy`) against ``T`` on a log axis: it
-    rises from 0 (argmax, ``T -> 0``) to ``log S`` (uniform, ``T -> inf``), with the
-    given temperatures marked.
+    the entropy ``H(alpha)`` (:func:`~attnbook.core.attention_entropy`) against ``T`` on
+    a log axis: it rises from 0 (argmax, ``T -> 0``) to ``log S`` (uniform,
+    ``T -> inf``), with the given temperatures marked.
 
     Interactive part (returned): an ``ipywidgets.interactive`` with
 

@@ -15,6 +15,7 @@ from torch import nn
 from attnbook.core import (
     MultiHeadAttention,
     additive_score,
+    attention_entropy,
     causal_mask,
     dot_score,
     general_score,
@@ -547,6 +548,96 @@ def test_masked_softmax_dead_rows_are_zero():
     torch.testing.assert_close(w.sum(-1), torch.tensor([1.0, 0.0, 1.0]))
     additive = torch.full((3, 4), float("-inf"))
     assert (masked_softmax(s, additive) == 0).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# attention_entropy
+# ---------------------------------------------------------------------------------------------
+def _loop_entropy(weights, allowed):
+    """-sum p log p over the allowed keys of every row, one row at a time with math.log."""
+    flat_w, flat_a = weights.reshape(-1, weights.shape[-1]), allowed.expand(weights.shape).reshape(-1, weights.shape[-1])
+    out = []
+    for row, keep in zip(flat_w.tolist(), flat_a.tolist()):
+        out.append(-sum(p * math.log(p) for p, k in zip(row, keep) if k and p > 0))
+    return torch.tensor(out, dtype=torch.float64).reshape(weights.shape[:-1])
+
+
+def test_attention_entropy_matches_the_formula(gen):
+    w = torch.softmax(randn(2, 3, 4, 7, gen=gen, dtype=torch.float64), -1)
+    everything = torch.ones(7, dtype=torch.bool)
+    torch.testing.assert_close(attention_entropy(w), _loop_entropy(w, everything))
+    keep = random_bool_mask((2, 1, 4, 7), gen)
+    torch.testing.assert_close(attention_entropy(w, keep), _loop_entropy(w, keep))
+
+
+def test_attention_entropy_one_hot_is_zero_and_uniform_is_log_s():
+    one_hot = F.one_hot(torch.tensor([[0, 3], [5, 1]]), 6).float()
+    assert (attention_entropy(one_hot) == 0).all()
+    for S in (1, 2, 5, 64):
+        uniform = torch.full((3, S), 1 / S, dtype=torch.float64)
+        torch.testing.assert_close(attention_entropy(uniform), torch.full((3,), math.log(S), dtype=torch.float64))
+        expected = torch.full((3,), 1.0 if S > 1 else 0.0, dtype=torch.float64)
+        torch.testing.assert_close(attention_entropy(uniform, normalize=True), expected)
+
+
+def test_attention_entropy_excludes_masked_keys(gen):
+    """Masked keys do not count: the entropy of a masked softmax row is the entropy over the allowed keys alone,
+    and weights left on masked keys (e.g. after dropout or an additive mask of -1e4) are ignored."""
+    s = randn(5, 8, gen=gen, dtype=torch.float64)
+    keep = random_bool_mask((5, 8), gen)
+    w = masked_softmax(s, keep)
+    for i in range(5):
+        alone = torch.softmax(s[i][keep[i]], -1)
+        torch.testing.assert_close(attention_entropy(w, keep)[i], attention_entropy(alone))
+        n = int(keep[i].sum())
+        normalized = attention_entropy(alone) / math.log(n) if n > 1 else torch.tensor(0.0, dtype=torch.float64)
+        torch.testing.assert_close(attention_entropy(w, keep, normalize=True)[i], normalized)
+    leaked = w + 0.1 * (~keep)  # weight on masked keys changes nothing
+    torch.testing.assert_close(attention_entropy(leaked, keep), attention_entropy(w, keep))
+    additive = torch.zeros(5, 8, dtype=torch.float64).masked_fill(~keep, float("-inf"))
+    torch.testing.assert_close(attention_entropy(leaked, additive), attention_entropy(w, keep))
+
+
+def test_attention_entropy_causal_normalized_and_dead_rows(gen):
+    w = masked_softmax(torch.zeros(6, 6), causal_mask(6))  # uniform over the visible keys
+    torch.testing.assert_close(attention_entropy(w, causal_mask(6)), torch.log(torch.arange(1.0, 7.0)))
+    torch.testing.assert_close(attention_entropy(w, causal_mask(6), normalize=True), torch.tensor([0.0] + [1.0] * 5))
+    dead = torch.zeros(2, 4)  # a fully masked row has zero weights and zero entropy
+    assert (attention_entropy(dead, torch.zeros(2, 4, dtype=torch.bool), normalize=True) == 0).all()
+
+
+def test_attention_entropy_has_finite_gradients_under_a_mask(gen):
+    """A penalty lambda * H trains through masked (exactly zero) weights without NaN."""
+    s = randn(2, 6, 6, gen=gen).requires_grad_()
+    w = masked_softmax(s, causal_mask(6))
+    attention_entropy(w, causal_mask(6), normalize=True).mean().backward()
+    assert torch.isfinite(s.grad).all() and s.grad.abs().sum() > 0
+    # the gradient matches the one of the formula on the allowed keys (row 2: keys 0..2)
+    s2 = s.detach()[0, 2, :3].clone().requires_grad_()
+    p = torch.softmax(s2, -1)
+    (-(p * p.log()).sum() / math.log(3) / 12).backward()
+    torch.testing.assert_close(s.grad[0, 2, :3], s2.grad)
+
+
+@given(dims)
+def test_property_attention_entropy_matches_the_loop_and_its_bounds(d):
+    """On drawn shapes (ragged masks, fully masked rows, S = 1): the loop formula, 0 <= H <= log |A_i|."""
+    g, q, k, v, mask = _problem(*d)
+    _, w = sdpa(q, k, v, mask, return_weights=True)
+    H = attention_entropy(w, mask)
+    torch.testing.assert_close(H, _loop_entropy(w, mask))
+    n_allowed = mask.sum(-1).double()
+    assert (H >= -1e-12).all() and (H <= torch.log(n_allowed.clamp_min(1)) + 1e-9).all()
+    normalized = attention_entropy(w, mask, normalize=True)
+    assert (normalized >= -1e-12).all() and (normalized <= 1 + 1e-9).all()
+    assert (normalized[n_allowed < 2] == 0).all()
+
+
+def test_attention_entropy_errors_name_the_argument():
+    with pytest.raises(ValueError, match="weights"):
+        attention_entropy(torch.ones(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="attn_mask"):
+        attention_entropy(torch.full((2, 4), 0.25), torch.ones(3, dtype=torch.bool))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -1,10 +1,19 @@
-"""Tests for attnbook.models: shapes, causality, agreement with core.MultiHeadAttention, positional schemes."""
+"""Tests for attnbook.models: shapes, causality, agreement with core.MultiHeadAttention, positional schemes,
+head masks (pruning, importance, DropHead) and the returned attention weights."""
 
 import pytest
 import torch
 
 from attnbook.core import MultiHeadAttention
-from attnbook.models import POSITIONAL_SCHEMES, Attention, TinyEncoder, TinyGPT, TransformerConfig
+from attnbook.models import (
+    POSITIONAL_SCHEMES,
+    Attention,
+    TinyEncoder,
+    TinyGPT,
+    TransformerConfig,
+    drophead_mask,
+    head_importance,
+)
 from attnbook.positional import RotaryEmbedding
 
 
@@ -174,3 +183,133 @@ def test_sampling_is_reproducible_and_top_k_restricts_the_choice():
     assert torch.equal(sample(4, top_k=1), model.generate(prompt, 15))  # top-1 sampling is greedy
     with pytest.raises(ValueError, match="temperature"):
         model.generate(prompt, 2, temperature=-1.0)
+
+
+# --- head masks, head importance, DropHead and the returned weights ------------------------------
+@pytest.mark.parametrize("scheme", ["rope", "alibi", "t5", "learned"])
+@pytest.mark.parametrize("cls", [TinyGPT, TinyEncoder])
+def test_head_mask_of_ones_equals_no_mask(scheme, cls):
+    torch.manual_seed(0)
+    model = cls(config(positional=scheme)).eval()
+    x = tokens()
+    torch.testing.assert_close(model(x, head_mask=torch.ones(2, 4)), model(x), rtol=0, atol=0)
+    torch.testing.assert_close(model(x, head_mask=torch.ones(2, 2, 4)), model(x), rtol=0, atol=0)  # per sequence
+
+
+@pytest.mark.parametrize("n_kv_heads", [None, 2])
+def test_zeroed_head_equals_an_output_projection_that_ignores_it(n_kv_heads):
+    """Removing head h of layer l is the same as zeroing the columns of that layer's W^O that read head h."""
+    torch.manual_seed(0)
+    model = TinyGPT(config(n_kv_heads=n_kv_heads)).double().eval()
+    x = tokens()
+    for layer, head in [(0, 0), (1, 3), (0, 2)]:
+        mask = torch.ones(2, 4, dtype=torch.float64)
+        mask[layer, head] = 0.0
+        surgery = TinyGPT(model.config).double().eval()
+        surgery.load_state_dict(model.state_dict())
+        with torch.no_grad():
+            surgery.blocks[layer].attn.out_proj.weight[:, head * 4 : (head + 1) * 4] = 0.0  # head_dim = 16 / 4
+        torch.testing.assert_close(model(x, head_mask=mask), surgery(x))
+        assert not torch.allclose(model(x, head_mask=mask), model(x))
+
+
+def test_head_mask_scales_the_head_output_linearly():
+    """A gate xi on a head scales its contribution to W^O: the output is affine in xi (checked at 0, 1/2, 1)."""
+    torch.manual_seed(0)
+    attn = Attention(config(positional="rope"), causal=True).double().eval()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    outs = [attn(x, head_mask=torch.tensor([1.0, xi, 1.0, 1.0], dtype=torch.float64)) for xi in (0.0, 0.5, 1.0)]
+    torch.testing.assert_close(outs[1], (outs[0] + outs[2]) / 2)
+
+
+def test_per_sequence_head_mask_equals_running_each_sequence_alone():
+    torch.manual_seed(0)
+    model = TinyGPT(config()).eval()
+    x = tokens(B=3)
+    mask = torch.rand(2, 3, 4, generator=torch.Generator().manual_seed(1))
+    together = model(x, head_mask=mask)
+    for b in range(3):
+        torch.testing.assert_close(together[b : b + 1], model(x[b : b + 1], head_mask=mask[:, b]))
+
+
+def test_head_mask_with_a_cache_equals_the_full_forward():
+    from attnbook.kvcache import KVCache
+
+    torch.manual_seed(0)
+    model = TinyGPT(config(positional="rope")).eval()
+    x, mask = tokens(T=10), torch.tensor([[1.0, 0.0, 1.0, 1.0], [0.0, 1.0, 1.0, 0.5]])
+    cache = KVCache(2, 2, 4, 4, max_len=10)
+    pieces = [model(x[:, a:b], cache=cache, head_mask=mask) for a, b in [(0, 6), (6, 7), (7, 10)]]
+    torch.testing.assert_close(torch.cat(pieces, 1), model(x, head_mask=mask), atol=1e-5, rtol=1e-5)
+
+
+def test_head_mask_shape_errors():
+    model = TinyGPT(config()).eval()
+    with pytest.raises(ValueError, match="n_layers=2"):
+        model(tokens(), head_mask=torch.ones(3, 4))
+    with pytest.raises(ValueError, match="n_heads=4"):
+        model(tokens(), head_mask=torch.ones(2, 5))
+
+
+def test_returned_weights_are_the_attention_of_every_layer():
+    torch.manual_seed(0)
+    gpt = TinyGPT(config(positional="none")).eval()
+    x = tokens(T=7)
+    logits, weights = gpt(x, return_weights=True)
+    torch.testing.assert_close(logits, gpt(x))
+    assert weights.shape == (2, 2, 4, 7, 7)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 4, 7))
+    assert (weights.triu(1) == 0).all()  # causal: nothing above the diagonal
+    # layer 0's weights are those of core.MultiHeadAttention with the same projections
+    mha = MultiHeadAttention(16, 4).eval()
+    mha.load_state_dict(gpt.blocks[0].attn.state_dict())
+    _, expected = mha(gpt.blocks[0].ln1(gpt.tok_emb(x)), is_causal=True, return_weights=True)
+    torch.testing.assert_close(weights[0], expected)
+    encoder_weights = TinyEncoder(config(positional="none")).eval()(x, return_weights=True)[1]
+    above = torch.ones(7, 7, dtype=torch.bool).triu(1)
+    assert (encoder_weights[..., above] > 0).all()  # an encoder looks at the future
+
+
+def test_head_importance_equals_finite_differences():
+    """I_h = mean over batches of |dL_n / d xi_h| at xi = 1, against central differences in float64."""
+    torch.manual_seed(0)
+    model = TinyGPT(config(positional="rope")).double()
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(0, 11, (3, 8), generator=g) for _ in range(3)]
+
+    def loss_fn(m, batch, head_mask):
+        logits = m(batch[:, :-1], head_mask=head_mask)
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten())
+
+    importance = head_importance(model, batches, loss_fn)
+    assert importance.shape == (2, 4) and model.training  # the model's mode is restored
+    assert all(p.grad is None for p in model.parameters())
+    eps, expected = 1e-6, torch.zeros(2, 4, dtype=torch.float64)
+    model.eval()
+    with torch.no_grad():
+        for layer in range(2):
+            for head in range(4):
+                for batch in batches:
+                    up, down = torch.ones(2, 4, dtype=torch.float64), torch.ones(2, 4, dtype=torch.float64)
+                    up[layer, head] += eps
+                    down[layer, head] -= eps
+                    expected[layer, head] += abs(loss_fn(model, batch, up) - loss_fn(model, batch, down)) / (2 * eps)
+    torch.testing.assert_close(importance, expected / len(batches), atol=1e-7, rtol=1e-5)
+    with pytest.raises(ValueError, match="empty"):
+        head_importance(model, [], loss_fn)
+
+
+def test_drophead_mask_drops_whole_heads_and_keeps_the_scale():
+    g = torch.Generator().manual_seed(0)
+    mask = drophead_mask(3, 8, 0.25, 200, generator=g)
+    assert mask.shape == (3, 200, 8)
+    kept = (mask > 0).sum(-1, keepdim=True)
+    # every kept head of a (layer, sequence) is scaled by n_heads / n_kept, so the scales sum to n_heads
+    torch.testing.assert_close(mask, (mask > 0) * (8 / kept.clamp_min(1)).float())
+    torch.testing.assert_close(mask.sum(-1)[kept[..., 0] > 0], torch.full(((kept > 0).sum().item(),), 8.0))
+    assert abs((mask == 0).float().mean().item() - 0.25) < 0.02
+    assert torch.equal(mask, drophead_mask(3, 8, 0.25, 200, generator=torch.Generator().manual_seed(0)))
+    assert (drophead_mask(2, 4, 0.0, 5) == 1).all()
+    for p in (-0.1, 1.0):
+        with pytest.raises(ValueError, match="p must be"):
+            drophead_mask(2, 4, p, 5)

@@ -11,7 +11,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-from attnbook.widgets import DEFAULT_SCORES, attention_entropy, softmax_temperature_explorer  # noqa: E402
+from attnbook.core import attention_entropy  # noqa: E402
+from attnbook.widgets import DEFAULT_SCORES, softmax_temperature_explorer  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
