@@ -1,11 +1,16 @@
 """The cost of attention: FLOPs, memory, and Table 1 of Vaswani et al. (2017), plus a
-measuring helper.
+measuring helper, and what training keeps for the backward pass.
 
 Conventions: one multiply-add counts as 2 FLOPs (what ``torch.utils.flop_counter``
 counts); ``n`` is the sequence length, ``d`` the model width, ``h`` the number of heads,
 ``B`` the batch. Self-attention costs ``O(n^2 d)`` time and ``O(h n^2)`` memory for the
 weights; a recurrent layer costs ``O(n d^2)`` time but needs ``n`` sequential steps. The
 two are equal near ``n = d``.
+
+Training also keeps activations for the backward pass: :func:`saved_activation_bytes`
+counts them exactly, and :class:`ReversibleBlock` with :func:`reversible_stack` (Gomez
+et al., 2017, as in the Reformer of Kitaev et al., 2020) recomputes them instead, the
+alternative to gradient checkpointing (Chen et al., 2016; ``torch.utils.checkpoint``).
 """
 
 from __future__ import annotations
@@ -16,8 +21,9 @@ import numbers
 import statistics
 import sys
 import time
+import weakref
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 
@@ -31,6 +37,9 @@ __all__ = [
     "vaswani_table1",
     "measure",
     "loglog_slope",
+    "saved_activation_bytes",
+    "ReversibleBlock",
+    "reversible_stack",
 ]
 
 #: Max, subtract, exp, sum and divide, a conventional estimate (not a matmul term).
@@ -328,3 +337,159 @@ def loglog_slope(x, y) -> float:
         raise ValueError("x must contain at least two different values")
     xc = x - x.mean()
     return float((xc * (y - y.mean())).sum() / (xc * xc).sum())
+
+
+# --------------------------------------------------------------------------------------
+# Activation memory in training: what autograd saves, and how to save less
+# --------------------------------------------------------------------------------------
+def saved_activation_bytes(
+    fn: Callable, *inputs, exclude: Sequence[torch.Tensor] = ()
+) -> int:
+    """Bytes of the tensors autograd keeps for the backward pass of ``fn(*inputs)``.
+
+    Every tensor an operation saves for its backward pass (the built-in operations'
+    saved inputs and outputs, and ``ctx.save_for_backward`` in a custom
+    ``torch.autograd.Function``) goes through the pack hook of
+    ``torch.autograd.graph.saved_tensors_hooks``. The result is the total size of the
+    distinct buffers (storages) of those tensors that are still held when ``fn``
+    returns: a tensor saved by two operations counts once, and a saved view counts its
+    whole buffer, which it keeps alive. Parameters (and views of them, such as the
+    ``weight.t()`` a linear layer saves) and the tensors in ``exclude`` are left out:
+    they live whether or not we train. The inputs count when saved, as the activations
+    of the layer before. Deterministic: it reads no allocator.
+
+    For a stack of ``L`` standard attention blocks this is about ``L (c_1 B n d + c_2 B
+    h n^2)`` times the element size: the ``O(n d)`` activations and the ``O(h n^2)``
+    attention weights of every block.
+    """
+    skip = {t.untyped_storage().data_ptr() for t in exclude}
+    held = []
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        parameter = isinstance(t, torch.nn.Parameter) or isinstance(
+            t._base, torch.nn.Parameter
+        )
+        if not parameter:
+            held.append(weakref.ref(t))
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn(*inputs)
+    buffers = {}
+    for ref in held:
+        t = ref()
+        if t is not None and t.untyped_storage().data_ptr() not in skip:
+            storage = t.untyped_storage()
+            buffers[storage.data_ptr()] = storage.nbytes()
+    del out
+    return sum(buffers.values())
+
+
+class ReversibleBlock(torch.nn.Module):
+    """Reversible residual block (Gomez et al., 2017), the Reformer's layer (Kitaev et
+    al., 2020).
+
+    The activations are split in two halves ``x1, x2`` (each ``(..., d)``), and
+
+        ``y1 = x1 + F(x2)``,   ``y2 = x2 + G(y1)``.
+
+    The inputs follow from the outputs, ``x2 = y2 - G(y1)``, ``x1 = y1 - F(x2)``
+    (:meth:`inverse`), so a stack of these blocks need not store any activation for
+    the backward pass: :func:`reversible_stack` recomputes them from the last output.
+    In a Transformer ``F`` is the attention sublayer and ``G`` the feed-forward one.
+    ``F`` and ``G`` are any modules mapping ``(..., d)`` to ``(..., d)``; they must be
+    deterministic (no dropout), since they run again in the backward pass.
+    """
+
+    def __init__(self, f: torch.nn.Module, g: torch.nn.Module):
+        super().__init__()
+        self.f, self.g = f, g
+
+    def forward(
+        self, x1: torch.Tensor, x2: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(x1, x2) -> (y1, y2)``, differentiable the ordinary way (all saved)."""
+        y1 = x1 + self.f(x2)
+        return y1, x2 + self.g(y1)
+
+    def inverse(
+        self, y1: torch.Tensor, y2: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(y1, y2) -> (x1, x2)``: the inputs, exact up to floating-point rounding."""
+        x2 = y2 - self.g(y1)
+        return y1 - self.f(x2), x2
+
+    def backward_pass(self, y1, y2, dy1, dy2):
+        """One block of the backward pass, from outputs and their gradients.
+
+        Recomputes ``G(y1)`` to get ``x2`` and ``F(x2)`` to get ``x1``, backpropagating
+        through each: ``dy1 += (dG/dy1)^T dy2``, ``dx2 = dy2 + (dF/dx2)^T dy1``, ``dx1
+        = dy1``. Returns ``(x1, x2, dx1, dx2, grads)``, ``grads`` a list of
+        ``(parameter, gradient)`` pairs of this block.
+        """
+        grads = []
+
+        def backprop(module, inp, grad_out):
+            params = [p for p in module.parameters() if p.requires_grad]
+            with torch.enable_grad():
+                inp = inp.detach().requires_grad_()
+                # the module sees a view, not the leaf: FlopCounterMode's module
+                # hooks refuse a leaf inside autograd.grad
+                out = module(inp.view_as(inp))
+                g_inp, *g_params = torch.autograd.grad(
+                    out, [inp, *params], grad_out, allow_unused=True
+                )
+            grads.extend((p, g) for p, g in zip(params, g_params) if g is not None)
+            return out.detach(), g_inp
+
+        g_y1, dg = backprop(self.g, y1, dy2)
+        dy1 = dy1 + dg
+        x2 = y2 - g_y1
+        f_x2, df = backprop(self.f, x2, dy1)
+        return y1 - f_x2, x2, dy1, dy2 + df, grads
+
+
+class _ReversibleStack(torch.autograd.Function):
+    """Runs reversible blocks without saving their activations: the forward pass keeps
+    only the last output, the backward pass rebuilds each block's input from its
+    output."""
+
+    @staticmethod
+    def forward(ctx, x1, x2, blocks, *params):
+        with torch.no_grad():  # nothing is saved; each input is freed when used
+            for block in blocks:
+                x1, x2 = block(x1, x2)
+        ctx.blocks, ctx.params = blocks, params
+        ctx.save_for_backward(x1, x2)
+        return x1, x2
+
+    @staticmethod
+    def backward(ctx, dy1, dy2):
+        y1, y2 = ctx.saved_tensors
+        grads = {}  # id(parameter) -> gradient, summed over the blocks that share it
+        for block in reversed(ctx.blocks):
+            y1, y2, dy1, dy2, block_grads = block.backward_pass(y1, y2, dy1, dy2)
+            for p, g in block_grads:
+                grads[id(p)] = grads[id(p)] + g if id(p) in grads else g
+        return (dy1, dy2, None, *(grads.get(id(p)) for p in ctx.params))
+
+
+def reversible_stack(
+    blocks: Sequence[ReversibleBlock], x1: torch.Tensor, x2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Apply reversible ``blocks`` in order, saving activations independent of their
+    number.
+
+    Same values and gradients as calling the blocks one after the other, but autograd
+    keeps only the two output halves (``2 B n d`` numbers for ``(B, n, d)`` halves),
+    whatever the number of blocks ``L``. The backward pass recomputes every ``F`` and
+    ``G`` once (:meth:`ReversibleBlock.backward_pass`), about one extra forward pass,
+    and at its peak holds one block's internals. Returns ``(y1, y2)``.
+    """
+    blocks = list(blocks)
+    if not blocks or not all(isinstance(b, ReversibleBlock) for b in blocks):
+        raise ValueError("blocks must be a non-empty sequence of ReversibleBlock")
+    params = list(
+        dict.fromkeys(p for b in blocks for p in b.parameters() if p.requires_grad)
+    )
+    return _ReversibleStack.apply(x1, x2, blocks, *params)
