@@ -2,19 +2,23 @@
 encodings.
 
 Self-attention is permutation-equivariant, so order has to be injected. This module
-implements the main answers, in the order Chapter 3 tells them:
+implements the main answers, in the order the positional-encodings chapter tells them:
 
-* absolute encodings added to the input: sinusoidal (Vaswani et al., 2017) and learned;
-* relative position inside the score: Shaw, Uszkoreit & Vaswani (2018); the "untied" and
-  multiplicative variants of the four-term decomposition; DeBERTa's disentangled
-  attention (He et al., 2021);
+* absolute encodings added to the input: sinusoidal (Vaswani et al., 2017) and learned,
+  with tools to look inside a learned table (principal components, principal angles
+  between the token and position subspaces);
+* relative position inside the score: Shaw, Uszkoreit & Vaswani (2018); Transformer-XL's
+  four relative terms (Dai et al., 2019); untied positions (TUPE, Ke et al., 2021) and a
+  multiplicative variant; DeBERTa's disentangled attention (He et al., 2021);
 * scalar biases added to the logits: T5's bucketed relative bias (Raffel et al., 2020)
   and ALiBi (Press, Smith & Lewis, 2022);
 * rotary embeddings, RoPE (Su et al., 2024; arXiv 2021), with the context-extension
   recipes position interpolation (Chen et al., 2023), "NTK-aware" base scaling and YaRN
-  (Peng et al., 2024).
+  (Peng et al., 2024); the same rotation written as complex multiplication.
 
-Relative offsets are ``j - i`` (key position minus query position). When there are more
+Relative offsets are ``j - i`` (key position minus query position), except where a paper
+defines its distance the other way (Transformer-XL and DeBERTa use ``i - j``, said at
+each function). When there are more
 keys than queries (a KV cache holding ``S - L`` earlier tokens) query ``i`` sits at
 position ``i + S - L``, the same bottom-right alignment as
 :func:`attnbook.core.causal_mask`.
@@ -37,11 +41,19 @@ __all__ = [
     "untied_scores",
     "multiplicative_scores",
     "disentangled_scores",
+    "transformer_xl_relative_embeddings",
+    "transformer_xl_scores",
     "t5_relative_position_bucket",
     "T5RelativeBias",
     "alibi_slopes",
     "alibi_bias",
+    "yarn_inv_freq",
     "RotaryEmbedding",
+    "rope_complex",
+    "principal_components",
+    "principal_angles",
+    "subspace_overlap",
+    "variance_in_subspace",
 ]
 
 
@@ -128,11 +140,13 @@ def relative_positions(
     return j - i
 
 
-def _check_table(name: str, table: torch.Tensor, rows: int, dim: int) -> None:
+def _check_table(
+    name: str, table: torch.Tensor, rows: int, dim: int, what="2*max_distance + 1"
+) -> None:
     if table.dim() != 2 or table.shape != (rows, dim):
         raise ValueError(
-            f"{name} must have shape (2*max_distance + 1, head_dim) = ({rows}, "
-            f"{dim}), got {tuple(table.shape)}"
+            f"{name} must have shape ({what}, head_dim) = ({rows}, {dim}), got "
+            f"{tuple(table.shape)}"
         )
 
 
@@ -172,25 +186,19 @@ def shaw_relative_attention(
     d, L, S = q.shape[-1], q.shape[-2], k.shape[-2]
     _check_table("rel_k", rel_k, 2 * max_distance + 1, d)
     _check_table("rel_v", rel_v, 2 * max_distance + 1, v.shape[-1])
-    index = (
-        relative_positions(L, S, device=q.device).clamp(-max_distance, max_distance)
-        + max_distance
-    )
+    offsets = relative_positions(L, S, device=q.device)  # j - i
+    index = offsets.clamp(-max_distance, max_distance) + max_distance
     a_k, a_v = rel_k[index], rel_v[index]  # (L, S, d)
-    scores = (
-        q @ k.transpose(-2, -1) + torch.einsum("...id,ijd->...ij", q, a_k)
-    ) / math.sqrt(d)
+    scores = q @ k.transpose(-2, -1) + torch.einsum("...id,ijd->...ij", q, a_k)
+    scores = scores / math.sqrt(d)
     if is_causal:
         causal = causal_mask(L, S, device=q.device)
-        attn_mask = (
-            causal
-            if attn_mask is None
-            else (
-                attn_mask & causal
-                if attn_mask.dtype == torch.bool
-                else attn_mask.masked_fill(~causal, float("-inf"))
-            )
-        )
+        if attn_mask is None:
+            attn_mask = causal
+        elif attn_mask.dtype == torch.bool:
+            attn_mask = attn_mask & causal
+        else:
+            attn_mask = attn_mask.masked_fill(~causal, float("-inf"))
     weights = masked_softmax(scores, attn_mask)
     out = weights @ v + torch.einsum("...ij,ijd->...id", weights, a_v)
     return (out, weights) if return_weights else out
@@ -204,14 +212,17 @@ def untied_scores(
     U_q: torch.Tensor,
     U_k: torch.Tensor,
 ) -> torch.Tensor:
-    r"""Untied content and position scores (seed 003 eq. 9; TUPE, Ke et al., 2021).
+    r"""Untied content and position scores (TUPE, Ke et al., 2021).
 
     .. math:: \tilde a_{ij} = (x_i W_q)(x_j W_k)^\top + (p_i U_q)(p_j U_k)^\top
 
-    The two cross terms of the four-term expansion (eq. 8) are dropped and positions get
-    their own projections. ``x``: ``(..., n, D)``; ``pos``: ``(n, D)`` absolute position
-    embeddings; ``W_*``, ``U_*``: ``(D, d)``. Returns raw logits ``(..., n, n)`` (divide
-    by a scale before the softmax).
+    Expanding ``((x_i + p_i) W_q)((x_j + p_j) W_k)^T`` gives four terms:
+    content-content, two word-position cross terms, and position-position. The untied
+    form drops the two cross terms and gives positions their own projections.
+
+    ``x``: ``(..., n, D)``; ``pos``: ``(n, D)`` absolute position embeddings; ``W_*``,
+    ``U_*``: ``(D, d)``. Returns raw logits ``(..., n, n)`` (divide by a scale before
+    the softmax; TUPE uses ``sqrt(2d)``).
     """
     if pos.shape[-2] != x.shape[-2]:
         raise ValueError(
@@ -226,8 +237,7 @@ def untied_scores(
 def multiplicative_scores(
     q: torch.Tensor, k: torch.Tensor, rel: torch.Tensor, max_distance: int
 ) -> torch.Tensor:
-    r"""Content scores multiplied by a learned function of the distance (seed 003 eq.
-    12).
+    r"""Content scores multiplied by a learned function of the distance.
 
     .. math:: \tilde a_{ij} = (q_i \cdot k_j)\, \pi_{\min(|i - j|, k)}
 
@@ -255,19 +265,25 @@ def disentangled_scores(
     k_pos: torch.Tensor,
     max_distance: int,
 ) -> torch.Tensor:
-    r"""DeBERTa's disentangled attention logits (He et al., 2021; seed 003 eq. 13),
-    unscaled.
+    r"""DeBERTa's disentangled attention logits (He et al., 2021), unscaled.
 
     .. math::
-        \tilde a_{ij} = \underbrace{q_i \cdot k_j}_{\text{content-content}}
-        + \underbrace{q_i \cdot k^{r}_{\delta(i, j)}}_{\text{content-position}}
-        + \underbrace{k_j \cdot q^{r}_{\delta(j, i)}}_{\text{position-content}},
-        \qquad \delta(i, j) = \operatorname{clip}(i - j, -k, k) + k
+        \tilde a_{ij} = \underbrace{q_i \cdot k_j}_{\text{content-to-content}}
+        + \underbrace{q_i \cdot k^{r}_{\delta(i, j)}}_{\text{content-to-position}}
+        + \underbrace{k_j \cdot q^{r}_{\delta(j, i)}}_{\text{position-to-content}}
+
+    with the paper's relative distance, which takes ``2k`` values:
+
+    .. math::
+        \delta(i, j) = \begin{cases} 0 & i - j \le -k \\ 2k - 1 & i - j \ge k \\
+        i - j + k & \text{otherwise} \end{cases}
+        \;=\; \operatorname{clip}(i - j, -k, k - 1) + k
 
     ``q``, ``k``: content queries and keys ``(..., n, d)``; ``q_pos``, ``k_pos``: the
-    relative position table projected by the query and key maps, ``(2 * max_distance +
-    1, d)``. Note DeBERTa's offset is ``i - j`` (query minus key), the opposite sign to
-    Shaw's. DeBERTa divides the sum by ``sqrt(3 d)`` before the softmax.
+    relative position table projected by the query and key maps, ``(2 * max_distance,
+    d)`` (``k = max_distance >= 1``). DeBERTa's offset is ``i - j`` (query minus key),
+    the opposite sign to Shaw's. It divides the sum by ``sqrt(3 d)`` before the
+    softmax.
     """
     n, d = q.shape[-2], q.shape[-1]
     if k.shape[-2] != n:
@@ -275,15 +291,100 @@ def disentangled_scores(
             f"disentangled_scores is self-attention: q {tuple(q.shape)} and k "
             f"{tuple(k.shape)} need equal lengths"
         )
-    _check_table("q_pos", q_pos, 2 * max_distance + 1, d)
-    _check_table("k_pos", k_pos, 2 * max_distance + 1, d)
+    if max_distance < 1:
+        raise ValueError(f"max_distance must be at least 1, got {max_distance}")
+    _check_table("q_pos", q_pos, 2 * max_distance, d, "2*max_distance")
+    _check_table("k_pos", k_pos, 2 * max_distance, d, "2*max_distance")
     i_minus_j = -relative_positions(n, n, device=q.device)
-    delta_ij = i_minus_j.clamp(-max_distance, max_distance) + max_distance
+    delta_ij = i_minus_j.clamp(-max_distance, max_distance - 1) + max_distance
     content = q @ k.transpose(-2, -1)
     c2p = torch.einsum("...id,ijd->...ij", q, k_pos[delta_ij])
     # delta(j, i) at entry (i, j)
     p2c = torch.einsum("...jd,ijd->...ij", k, q_pos[delta_ij.T])
     return content + c2p + p2c
+
+
+def transformer_xl_relative_embeddings(n: int, dim: int) -> torch.Tensor:
+    """Transformer-XL's fixed relative embeddings ``R_delta`` for distances ``delta = 0
+    .. n-1``, shape ``(n, dim)`` (Dai et al., 2019).
+
+    They are the sinusoidal table of :func:`sinusoidal_encoding` indexed by distance
+    instead of absolute position. Each head projects them with its own ``W_R``
+    (``r = R @ W_R``, shape ``(n, d)`` per head) before :func:`transformer_xl_scores`.
+    """
+    return sinusoidal_encoding(n, dim)
+
+
+def transformer_xl_scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    r: torch.Tensor,
+    u: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    return_terms: bool = False,
+):
+    r"""Transformer-XL's relative attention logits (Dai et al., 2019), unscaled.
+
+    .. math::
+        \tilde a_{ij} = \underbrace{q_i \cdot k_j}_{(a)}
+        + \underbrace{q_i \cdot r_{\delta}}_{(b)}
+        + \underbrace{u \cdot k_j}_{(c)}
+        + \underbrace{v \cdot r_{\delta}}_{(d)}
+        = (q_i + u) \cdot k_j + (q_i + v) \cdot r_{\delta},
+        \qquad \delta = (S - L + i) - j
+
+    (a) content, (b) content-dependent position, (c) a global content bias, (d) a global
+    position bias. ``r_delta = W_R R_delta`` is the projected relative embedding of
+    distance ``delta``; ``u`` and ``v`` are learned and shared by all queries.
+
+    Args:
+        q: ``(..., H, L, d)`` queries of the current segment.
+        k: ``(..., H, S, d)`` keys, ``S >= L``: the ``S - L`` cached (memory) keys
+            followed by the current segment. Query ``i`` sits at absolute position
+            ``S - L + i``, key ``j`` at position ``j``.
+        r: ``(H, S, d)``, ``r[:, delta]`` for ``delta = 0 .. S-1``.
+        u, v: ``(H, d)``.
+        return_terms: also return the four terms ``(a, b, c, d)``, each ``(..., H, L,
+            S)``, with 0 at masked entries.
+
+    Returns the ``(..., H, L, S)`` logits, ``-inf`` where ``delta < 0`` (future keys).
+    Divide by ``sqrt(d)`` before the softmax. Only distances enter (b) and (d), so the
+    scores are unchanged when every absolute position shifts by the same amount.
+    """
+    if q.dim() < 3 or k.dim() != q.dim():
+        raise ValueError(
+            "q and k must be (..., H, L, d) and (..., H, S, d), got "
+            f"{tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    H, L, d = q.shape[-3:]
+    S = k.shape[-2]
+    if k.shape[-3] != H or k.shape[-1] != d or S < L:
+        raise ValueError(
+            f"k must be (..., H={H}, S >= L={L}, d={d}), got {tuple(k.shape)}"
+        )
+    if r.shape != (H, S, d):
+        raise ValueError(
+            f"r must have shape (H, S, d) = ({H}, {S}, {d}), got {tuple(r.shape)}"
+        )
+    for name, t in (("u", u), ("v", v)):
+        if t.shape != (H, d):
+            raise ValueError(
+                f"{name} must have shape (H, d) = ({H}, {d}), got {tuple(t.shape)}"
+            )
+    delta = -relative_positions(L, S, device=q.device)  # (L, S): (S - L + i) - j
+    future = delta < 0
+    index = delta.clamp(min=0)
+    rows = torch.arange(L, device=q.device)[:, None]
+    a = q @ k.transpose(-2, -1)
+    b = (q @ r.transpose(-2, -1))[..., rows, index]  # q_i . r[delta(i, j)]
+    c = torch.einsum("hd,...hsd->...hs", u, k)[..., None, :].expand_as(a)
+    d_term = (v[:, None, :] * r).sum(-1)[:, index].expand_as(a)  # (H, L, S) -> batch
+    scores = (a + b + c + d_term).masked_fill(future, float("-inf"))
+    if not return_terms:
+        return scores
+    terms = tuple(t.masked_fill(future, 0.0) for t in (a, b, c, d_term))
+    return scores, terms
 
 
 # --------------------------------------------------------------------------------------
@@ -337,13 +438,15 @@ def t5_relative_position_bucket(
 
 
 class T5RelativeBias(nn.Module):
-    """T5's learned relative attention bias: one scalar per (bucket, head), added to the
-    logits.
+    """T5's learned relative attention bias (Raffel et al., 2020): one scalar per head
+    and per bucket, added to the logits.
 
+    ``bias.weight`` has shape ``(num_buckets, n_heads)``: every head has its own scalar
+    for each bucket (heads are not tied), and the one table serves every layer of a
+    stack (layers are tied: T5 computes the bias in the first layer and reuses it).
     ``forward(q_len, k_len=None)`` returns the additive bias ``(1, n_heads, q_len,
-    k_len)``, bottom-right aligned like :func:`relative_positions`. T5 computes it once
-    and shares it across all layers of a stack (and does not divide its logits by
-    ``sqrt(d)``).
+    k_len)``, bottom-right aligned like :func:`relative_positions`. T5 does not divide
+    its logits by ``sqrt(d)``.
     """
 
     def __init__(
@@ -411,6 +514,56 @@ def alibi_bias(
 # --------------------------------------------------------------------------------------
 # Rotary embeddings
 # --------------------------------------------------------------------------------------
+def yarn_inv_freq(
+    dim: int,
+    base: float,
+    factor: float,
+    original_max_position_embeddings: int,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+    ramp: str = "released",
+) -> tuple[torch.Tensor, float]:
+    r"""YaRN's rotary frequencies (Peng et al., 2024): returns ``(inv_freq,
+    attention_scaling)``, ``inv_freq`` of shape ``(dim/2,)`` in float64.
+
+    Pair ``f`` turns ``r_f = L0 theta_f / (2 pi)`` times over the trained context
+    ``L0``. Pairs that turn often keep ``theta_f`` (they have seen every angle), slow
+    pairs are interpolated to ``theta_f / s``, and a ramp ``gamma_f`` blends the two:
+
+    .. math:: \theta'_f = (1 - \gamma_f)\,\theta_f / s + \gamma_f\,\theta_f
+
+    * ``ramp="released"`` (default): the ramp of the authors' code and of Hugging
+      Face's ``_compute_yarn_parameters``, which released models use. The pair index
+      that turns ``n`` times is ``f(n) = dim ln(L0 / (2 pi n)) / (2 ln base)``; with
+      ``low = floor(f(beta_fast))`` and ``high = ceil(f(beta_slow))`` (clamped to ``[0,
+      dim - 1]``), ``gamma_f = 1 - clip((f - low) / (high - low), 0, 1)``: linear in
+      the pair index, between whole-numbered ends.
+    * ``ramp="paper"``: ``gamma_f = clip((r_f - beta_slow) / (beta_fast - beta_slow),
+      0, 1)``, linear in the number of turns.
+
+    ``attention_scaling = 0.1 ln(s) + 1`` (1 when ``s = 1``).
+    """
+    inv_freq = base ** -(torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    L0 = float(original_max_position_embeddings)
+    if ramp == "released":
+
+        def pair_turning(n: float) -> float:  # the pair index that turns n times in L0
+            return dim * math.log(L0 / (n * 2 * math.pi)) / (2 * math.log(base))
+
+        low = max(math.floor(pair_turning(beta_fast)), 0)
+        high = min(math.ceil(pair_turning(beta_slow)), dim - 1)
+        high = high + 0.001 if low == high else high
+        f = torch.arange(dim // 2, dtype=torch.float64)
+        gamma = 1 - ((f - low) / (high - low)).clamp(0.0, 1.0)
+    elif ramp == "paper":
+        turns = L0 * inv_freq / (2 * math.pi)
+        gamma = ((turns - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)
+    else:
+        raise ValueError(f"ramp must be 'released' or 'paper', got {ramp!r}")
+    inv_freq = (1 - gamma) * inv_freq / factor + gamma * inv_freq
+    return inv_freq, (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+
+
 class RotaryEmbedding(nn.Module):
     r"""Rotary position embedding, RoPE (Su et al., 2024; arXiv 2021), applied to
     queries and keys.
@@ -432,14 +585,12 @@ class RotaryEmbedding(nn.Module):
         s^(dim/(dim-2))``, which keeps the fastest frequency and interpolates the
         slowest by exactly ``s``;
       - ``{"type": "yarn", "factor": s, "original_max_position_embeddings": L0,
-        "beta_fast": 32, "beta_slow": 1}`` (Peng et al., 2024): with ``r_f = L0 /
-        wavelength_f`` rotations in the original context, ``gamma_f = clip((r_f -
-        beta_slow) / (beta_fast - beta_slow), 0, 1)`` and ``theta'_f = (1 - gamma_f)
-        theta_f / s + gamma_f theta_f``: fast dimensions are kept, slow ones
-        interpolated, a linear ramp between. ``attention_scaling = 0.1 ln(s) + 1``
-        multiplies the rotated queries and keys (so the logits by its square), as the
-        paper and Hugging Face do. (The authors' code rounds the ramp ends to whole
-        dimensions; this is the paper's formula.)
+        "beta_fast": 32, "beta_slow": 1, "ramp": "released"}`` (Peng et al., 2024),
+        computed by :func:`yarn_inv_freq`: fast pairs are kept, slow ones
+        interpolated, a linear ramp between; ``"ramp": "released"`` (the default) is
+        the ramp of the authors' code and of Hugging Face, ``"paper"`` the paper's
+        formula. ``attention_scaling = 0.1 ln(s) + 1`` multiplies the rotated queries
+        and keys (so the logits by its square), as the paper and Hugging Face do.
 
     ``forward(x, positions=None, offset=0)``: ``x`` ``(..., seq, dim)``; positions
     default to ``offset, offset + 1, ...`` (``offset`` = tokens already in a KV cache).
@@ -491,15 +642,15 @@ class RotaryEmbedding(nn.Module):
                     "yarn scaling needs 'original_max_position_embeddings' (the "
                     "trained context length)"
                 )
-            original = float(scaling["original_max_position_embeddings"])
-            beta_fast, beta_slow = (
-                float(scaling.get("beta_fast", 32)),
-                float(scaling.get("beta_slow", 1)),
+            inv_freq, self.attention_scaling = yarn_inv_freq(
+                dim,
+                base,
+                factor,
+                scaling["original_max_position_embeddings"],
+                beta_fast=float(scaling.get("beta_fast", 32)),
+                beta_slow=float(scaling.get("beta_slow", 1)),
+                ramp=scaling.get("ramp", "released"),
             )
-            rotations = original * inv_freq / (2 * math.pi)  # r_f = L0 / wavelength_f
-            gamma = ((rotations - beta_slow) / (beta_fast - beta_slow)).clamp(0.0, 1.0)
-            inv_freq = (1 - gamma) * inv_freq / factor + gamma * inv_freq
-            self.attention_scaling = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
         else:
             raise ValueError(
                 f"unknown scaling type {kind!r}; use 'linear', 'ntk' or 'yarn'"
@@ -530,3 +681,105 @@ class RotaryEmbedding(nn.Module):
             ).flatten(-2)
         x1, x2 = x[..., : self.dim // 2], x[..., self.dim // 2 :]
         return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+def rope_complex(
+    x: torch.Tensor,
+    positions: torch.Tensor,
+    base: float = 10000.0,
+    *,
+    interleaved: bool = False,
+) -> torch.Tensor:
+    r"""RoPE written as complex multiplication (Su et al., 2024): the same map as
+    :class:`RotaryEmbedding`.
+
+    View the ``dim`` coordinates as ``dim/2`` complex numbers ``z_f`` and multiply each
+    by a unit phase:
+
+    .. math:: z_f \mapsto z_f\, e^{\mathrm{i}\, m \theta_f}, \qquad
+        \theta_f = \text{base}^{-2f/\text{dim}}
+
+    ``z_f = x_f + i x_{f + dim/2}`` (``interleaved=False``, the pairing of
+    :class:`RotaryEmbedding`'s default) or ``z_f = x_{2f} + i x_{2f+1}``
+    (``interleaved=True``). ``x``: ``(..., seq, dim)``; ``positions``: ``(seq,)``.
+    Returns the rotated ``x``, same shape and dtype.
+    """
+    dim = x.shape[-1]
+    if dim % 2:
+        raise ValueError(f"x must have an even last dimension, got {tuple(x.shape)}")
+    half = dim // 2
+    real = torch.float64 if x.dtype == torch.float64 else torch.float32
+    if interleaved:
+        pairs = x.reshape(*x.shape[:-1], half, 2)
+    else:
+        pairs = torch.stack((x[..., :half], x[..., half:]), dim=-1)
+    z = torch.view_as_complex(pairs.to(real).contiguous())  # (..., seq, dim/2)
+    theta = base ** -(torch.arange(0, dim, 2, dtype=torch.float64) / dim)
+    angles = positions.to(torch.float64)[..., None] * theta
+    phase = torch.polar(torch.ones_like(angles), angles).to(z.dtype).to(x.device)
+    out = torch.view_as_real(z * phase)  # (..., seq, dim/2, 2)
+    out = out.flatten(-2) if interleaved else torch.cat(out.unbind(-1), dim=-1)
+    return out.to(x.dtype)
+
+
+# --------------------------------------------------------------------------------------
+# Looking inside a learned table: principal components and principal angles
+# --------------------------------------------------------------------------------------
+def principal_components(
+    x: torch.Tensor, k: int, *, center: bool = True
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """PCA of the rows of ``x`` ``(n, D)``: ``(coords (n, k), basis (D, k),
+    explained (k,))``.
+
+    ``basis`` holds the top ``k`` right singular vectors of the (centred) rows as
+    orthonormal columns, ``coords = x_c @ basis`` and ``explained`` is each
+    component's fraction of the total variance. Computed in float64.
+    """
+    if x.dim() != 2:
+        raise ValueError(f"x must be a (n, D) matrix of row vectors, got {x.shape}")
+    x = x.detach().to(torch.float64)
+    x = x - x.mean(0) if center else x
+    rank = min(x.shape[0] - int(center), x.shape[1])
+    if not 1 <= k <= rank:
+        raise ValueError(f"k must lie in [1, {rank}] for x of shape {tuple(x.shape)}")
+    _, sv, vh = torch.linalg.svd(x, full_matrices=False)
+    basis = vh[:k].T
+    return x @ basis, basis, sv[:k] ** 2 / (sv**2).sum()
+
+
+def principal_angles(a: torch.Tensor, b: torch.Tensor, k: int) -> torch.Tensor:
+    """Principal angles (radians, ascending) between the top-``k`` principal
+    subspaces of the rows of ``a`` ``(n_a, D)`` and of ``b`` ``(n_b, D)``.
+
+    They are the ``arccos`` of the singular values of ``U_a^T U_b``, with ``U`` the
+    orthonormal bases of :func:`principal_components`: 0 for a shared direction,
+    ``pi/2`` for orthogonal ones.
+    """
+    _, u_a, _ = principal_components(a, k)
+    _, u_b, _ = principal_components(b, k)
+    cosines = torch.linalg.svdvals(u_a.T @ u_b).clamp(0.0, 1.0)
+    return torch.arccos(cosines)
+
+
+def subspace_overlap(a: torch.Tensor, b: torch.Tensor, k: int) -> float:
+    """Mean squared cosine of the ``k`` :func:`principal_angles`, ``||U_a^T
+    U_b||_F^2 / k``, in ``[0, 1]``.
+
+    1 when the two top-``k`` subspaces coincide, 0 when they are orthogonal; two
+    random ``k``-dimensional subspaces of ``R^D`` give ``k / D`` on average.
+    """
+    return float((torch.cos(principal_angles(a, b, k)) ** 2).mean())
+
+
+def variance_in_subspace(x: torch.Tensor, basis_rows: torch.Tensor, k: int) -> float:
+    """Fraction of the variance of the rows of ``x`` ``(n, D)`` that lies in the
+    top-``k`` principal subspace of the rows of ``basis_rows`` ``(m, D)``.
+
+    ``||x_c U||_F^2 / ||x_c||_F^2`` with ``x_c`` the centred rows and ``U`` ``(D, k)``
+    from :func:`principal_components`. A random ``k``-dimensional subspace of ``R^D``
+    holds ``k / D`` of it on average.
+    """
+    _, basis, _ = principal_components(basis_rows, k)
+    x = x.detach().to(torch.float64)
+    x = x - x.mean(0)
+    return float((x @ basis).pow(2).sum() / x.pow(2).sum())

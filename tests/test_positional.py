@@ -4,8 +4,11 @@ import math
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attnbook.core import scaled_dot_product_attention
+from attnbook.models import TinyGPT, TransformerConfig
 from attnbook.positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -14,11 +17,19 @@ from attnbook.positional import (
     alibi_slopes,
     disentangled_scores,
     multiplicative_scores,
+    principal_angles,
+    principal_components,
     relative_positions,
+    rope_complex,
     shaw_relative_attention,
     sinusoidal_encoding,
+    subspace_overlap,
     t5_relative_position_bucket,
+    transformer_xl_relative_embeddings,
+    transformer_xl_scores,
     untied_scores,
+    variance_in_subspace,
+    yarn_inv_freq,
 )
 
 
@@ -39,7 +50,7 @@ def test_sinusoidal_matches_formula():
 
 
 def test_sinusoidal_shift_is_a_linear_map_depending_only_on_the_offset():
-    """Seed 003 eq. 4: rotating the (sin, cos) pair at i by omega*j gives the pair at i + j."""
+    """Vaswani et al. (2017): rotating the (sin, cos) pair at i by omega*k gives the pair at i + k."""
     dim, k = 8, 5
     pe = sinusoidal_encoding(40, dim).double()
     for f in range(dim // 2):
@@ -147,21 +158,65 @@ def test_multiplicative_scores_match_loop():
                 assert got[b, i, j].item() == pytest.approx(expected.item(), rel=1e-5, abs=1e-6)
 
 
-def test_disentangled_scores_match_deberta_loop():
-    """He et al. (2021) eq. (4): c2c + Q^c_i . K^r_{delta(i,j)} + K^c_j . Q^r_{delta(j,i)}, delta(i,j) = clip(i-j)+k."""
+def deberta_delta(i, j, k):
+    """He et al. (2021): delta(i, j) = 0 if i - j <= -k, 2k - 1 if i - j >= k, else i - j + k."""
+    if i - j <= -k:
+        return 0
+    if i - j >= k:
+        return 2 * k - 1
+    return i - j + k
+
+
+@pytest.mark.parametrize("n,kmax", [(7, 2), (5, 1), (4, 6)])
+def test_disentangled_scores_match_deberta_loop(n, kmax):
+    """c2c + Q^c_i . K^r_{delta(i,j)} + K^c_j . Q^r_{delta(j,i)}, with the paper's 2k-valued delta."""
     g = gen(5)
-    n, d, kmax = 7, 4, 2
+    d = 4
     q, k = torch.randn(n, d, generator=g, dtype=torch.float64), torch.randn(n, d, generator=g, dtype=torch.float64)
-    q_pos, k_pos = torch.randn(2 * kmax + 1, d, generator=g, dtype=torch.float64), torch.randn(2 * kmax + 1, d, generator=g, dtype=torch.float64)
-
-    def delta(a, b):
-        return min(max(a - b, -kmax), kmax) + kmax
-
+    q_pos, k_pos = torch.randn(2 * kmax, d, generator=g, dtype=torch.float64), torch.randn(2 * kmax, d, generator=g, dtype=torch.float64)
     got = disentangled_scores(q, k, q_pos, k_pos, kmax)
     for i in range(n):
         for j in range(n):
-            expected = q[i] @ k[j] + q[i] @ k_pos[delta(i, j)] + k[j] @ q_pos[delta(j, i)]
+            expected = q[i] @ k[j] + q[i] @ k_pos[deberta_delta(i, j, kmax)] + k[j] @ q_pos[deberta_delta(j, i, kmax)]
             assert got[i, j].item() == pytest.approx(expected.item(), rel=1e-9)
+
+
+def test_deberta_delta_takes_2k_values_and_tables_have_2k_rows():
+    assert sorted({deberta_delta(i, j, 3) for i in range(20) for j in range(20)}) == list(range(6))
+    q = torch.randn(5, 4)
+    with pytest.raises(ValueError, match=r"2\*max_distance"):
+        disentangled_scores(q, q, torch.zeros(7, 4), torch.zeros(7, 4), 3)  # the 2k + 1 rows of a clip to [-k, k]
+    with pytest.raises(ValueError, match="at least 1"):
+        disentangled_scores(q, q, torch.zeros(0, 4), torch.zeros(0, 4), 0)
+
+
+def test_disentangled_position_terms_depend_only_on_relative_distance():
+    """Shift test: the same content placed t positions later gives the same scores among those tokens."""
+    g = gen(12)
+    n, t, d, kmax = 6, 4, 8, 3
+    q, k = torch.randn(n + t, d, generator=g, dtype=torch.float64), torch.randn(n + t, d, generator=g, dtype=torch.float64)
+    q_pos, k_pos = torch.randn(2 * kmax, d, generator=g, dtype=torch.float64), torch.randn(2 * kmax, d, generator=g, dtype=torch.float64)
+    early = disentangled_scores(q[t:], k[t:], q_pos, k_pos, kmax)  # tokens at positions 0..n-1
+    late = disentangled_scores(q, k, q_pos, k_pos, kmax)[t:, t:]  # the same tokens at positions t..t+n-1
+    torch.testing.assert_close(early, late)
+
+
+def test_untied_scores_have_no_word_position_cross_terms():
+    """The mixed second difference s(x, p) - s(x, p') - s(x', p) + s(x', p') vanishes only without cross terms."""
+    g = gen(13)
+    n, D, d = 5, 8, 4
+    x, x2, p, p2 = (torch.randn(n, D, generator=g, dtype=torch.float64) for _ in range(4))
+    Wq, Wk, Uq, Uk = (torch.randn(D, d, generator=g, dtype=torch.float64) for _ in range(4))
+
+    def untied(a, b):
+        return untied_scores(a, b, Wq, Wk, Uq, Uk)
+
+    def absolute(a, b):
+        return ((a + b) @ Wq) @ ((a + b) @ Wk).T
+
+    for score, zero in ((untied, True), (absolute, False)):
+        mixed = score(x, p) - score(x, p2) - score(x2, p) + score(x2, p2)
+        assert (mixed.abs().max().item() < 1e-10) == zero
 
 
 # --------------------------------------------------------------------------- T5
@@ -195,6 +250,16 @@ def test_t5_bucket_known_values():
     assert [b(0), b(-1), b(-7), b(1), b(7)] == [0, 1, 7, 17, 23]  # exact: one bucket per distance below 8
     assert b(-8) == 8 and b(-127) == 15 and b(-128) == 15 and b(-10_000) == 15  # log-spaced, then clamped
     assert b(5, bi=False) == 0 and b(-20, bi=False) == 17  # causal: 16 + int(ln(20/16) / ln(8) * 16)
+
+
+def test_t5_bias_is_one_scalar_per_head_and_bucket_shared_across_layers():
+    module = T5RelativeBias(n_heads=4, num_buckets=16)
+    assert [tuple(p.shape) for p in module.parameters()] == [(16, 4)]  # (num_buckets, n_heads)
+    bias = module(6)
+    assert not torch.equal(bias[0, 0], bias[0, 1])  # heads are not tied
+    config = TransformerConfig(vocab_size=11, d_model=16, n_heads=4, n_layers=3, max_len=16, positional="t5")
+    tables = [name for name, p in TinyGPT(config).named_parameters() if "rel_bias" in name]
+    assert tables == ["rel_bias.bias.weight"]  # one table for all three layers
 
 
 def test_t5_bias_entries_shape_and_translation_invariance():
@@ -309,10 +374,11 @@ def test_rope_linear_and_ntk_scaling():
     assert ntk.inv_freq[-1].item() == pytest.approx(RotaryEmbedding(8).inv_freq[-1].item() / 4, rel=1e-5)  # slowest / s
 
 
-def test_rope_yarn_matches_paper_formula():
+def test_rope_yarn_paper_ramp_matches_paper_formula():
+    """ramp="paper" keeps the continuous ramp of Peng et al. (2024), linear in the number of turns."""
     dim, base, s, L0 = 64, 10000.0, 8.0, 256
     rope = RotaryEmbedding(dim, base, scaling={"type": "yarn", "factor": s, "original_max_position_embeddings": L0,
-                                               "beta_fast": 32, "beta_slow": 1})
+                                               "beta_fast": 32, "beta_slow": 1, "ramp": "paper"})
     assert rope.attention_scaling == pytest.approx(0.1 * math.log(s) + 1)
     kinds = set()
     for f in range(dim // 2):
@@ -332,11 +398,207 @@ def test_rope_yarn_matches_paper_formula():
     torch.testing.assert_close(rope(x).norm(dim=-1), x.norm(dim=-1) * rope.attention_scaling)
 
 
+def hf_yarn_reference(dim, base, factor, L0, beta_fast=32, beta_slow=1):
+    """Hugging Face's _compute_yarn_parameters (truncate=True, the authors' ramp), transcribed line by line."""
+    def find_correction_dim(num_rotations, dim, base, max_position_embeddings):
+        return (dim * math.log(max_position_embeddings / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    def find_correction_range(low_rot, high_rot, dim, base, max_position_embeddings):
+        low = math.floor(find_correction_dim(low_rot, dim, base, max_position_embeddings))
+        high = math.ceil(find_correction_dim(high_rot, dim, base, max_position_embeddings))
+        return max(low, 0), min(high, dim - 1)
+
+    def linear_ramp_factor(min, max, dim):
+        if min == max:
+            max += 0.001
+        linear_func = (torch.arange(dim, dtype=torch.float32) - min) / (max - min)
+        return torch.clamp(linear_func, 0, 1)
+
+    pos_freqs = base ** (torch.arange(0, dim, 2).to(dtype=torch.float) / dim)
+    inv_freq_extrapolation = 1.0 / pos_freqs
+    inv_freq_interpolation = 1.0 / (factor * pos_freqs)
+    low, high = find_correction_range(beta_fast, beta_slow, dim, base, L0)
+    inv_freq_extrapolation_factor = 1 - linear_ramp_factor(low, high, dim // 2)
+    inv_freq = (inv_freq_interpolation * (1 - inv_freq_extrapolation_factor)
+                + inv_freq_extrapolation * inv_freq_extrapolation_factor)
+    return inv_freq, 0.1 * math.log(factor) + 1.0
+
+
+@pytest.mark.parametrize("dim,base,factor,L0,betas", [
+    (128, 10000.0, 4.0, 4096, (32, 1)), (128, 10000.0, 8.0, 4096, (32, 1)),
+    (128, 10000.0, 8.0, 2048, (32, 1)), (128, 10000.0, 4.0, 2048, (32, 1)),
+    (64, 500000.0, 16.0, 8192, (16, 2)), (16, 10000.0, 2.0, 64, (32, 1)),
+])
+def test_rope_yarn_default_is_the_released_ramp(dim, base, factor, L0, betas):
+    scaling = {"type": "yarn", "factor": factor, "original_max_position_embeddings": L0,
+               "beta_fast": betas[0], "beta_slow": betas[1]}
+    rope = RotaryEmbedding(dim, base, scaling=scaling)
+    expected, mscale = hf_yarn_reference(dim, base, factor, L0, *betas)
+    torch.testing.assert_close(rope.inv_freq, expected, rtol=1e-6, atol=0)
+    assert rope.attention_scaling == pytest.approx(mscale)
+    explicit = RotaryEmbedding(dim, base, scaling={**scaling, "ramp": "released"})
+    assert torch.equal(explicit.inv_freq, rope.inv_freq)
+
+
+def test_rope_yarn_released_ramp_ends_at_whole_pairs():
+    """dim 128, L0 4096: pair 20.9 turns 32 times, pair 45.03 once, so pairs 0..20 are kept and 46.. interpolated."""
+    inv_freq, scale = yarn_inv_freq(128, 10000.0, 8.0, 4096)
+    original = 10000.0 ** -(torch.arange(0, 128, 2, dtype=torch.float64) / 128)
+    torch.testing.assert_close(inv_freq[:21], original[:21], rtol=1e-12, atol=0)
+    torch.testing.assert_close(inv_freq[46:], original[46:] / 8, rtol=1e-12, atol=0)
+    ramp = (original[21:46] / inv_freq[21:46] - 1) / 7  # 0 = kept, 1 = divided by 8
+    assert (ramp.diff() > 0).all() and 0 < ramp.min() < ramp.max() < 1
+    assert scale == pytest.approx(0.1 * math.log(8) + 1)
+    with pytest.raises(ValueError, match="ramp"):
+        yarn_inv_freq(128, 10000.0, 8.0, 4096, ramp="smooth")
+
+
+@pytest.mark.parametrize("interleaved", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rope_complex_equals_the_rotation_form(interleaved, dtype):
+    x = torch.randn(2, 3, 9, 16, generator=gen(14), dtype=dtype)
+    positions = torch.arange(4, 13)
+    got = rope_complex(x, positions, 500.0, interleaved=interleaved)
+    assert got.dtype == dtype and got.shape == x.shape
+    expected = RotaryEmbedding(16, 500.0, interleaved=interleaved)(x, positions=positions)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    for m in (0, 5):  # and the dense block-diagonal rotation
+        dense = x[..., m, :].double() @ rotation_matrix(positions[m].item(), RotaryEmbedding(16, 500.0).inv_freq.double(), interleaved).T
+        torch.testing.assert_close(got[..., m, :].double(), dense, atol=1e-5, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- Transformer-XL
+def transformer_xl_reference(q, k, r, u, v):
+    """Dai et al. (2019): (a) q_i.k_j + (b) q_i.r_{i-j} + (c) u.k_j + (d) v.r_{i-j}, one (h, i, j) at a time."""
+    H, L, _ = q.shape
+    S = k.shape[1]
+    scores = torch.full((H, L, S), -math.inf, dtype=q.dtype)
+    terms = torch.zeros(4, H, L, S, dtype=q.dtype)
+    for h in range(H):
+        for i in range(L):
+            for j in range(S):
+                delta = (S - L + i) - j
+                if delta < 0:
+                    continue
+                terms[:, h, i, j] = torch.stack([q[h, i] @ k[h, j], q[h, i] @ r[h, delta],
+                                                 u[h] @ k[h, j], v[h] @ r[h, delta]])
+                scores[h, i, j] = terms[:, h, i, j].sum()
+    return scores, terms
+
+
+def xl_inputs(batch, H, L, S, d, seed=15):
+    g = gen(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    return rand(*batch, H, L, d), rand(*batch, H, S, d), rand(H, S, d), rand(H, d), rand(H, d)
+
+
+@given(st.integers(1, 3), st.integers(1, 5), st.integers(0, 4), st.integers(1, 6), st.booleans())
+def test_transformer_xl_scores_match_loop(H, L, memory, d, batched):
+    S = L + memory
+    batch = (2,) if batched else ()
+    q, k, r, u, v = xl_inputs(batch, H, L, S, d)
+    scores, terms = transformer_xl_scores(q, k, r, u, v, return_terms=True)
+    assert scores.shape == (*batch, H, L, S) and len(terms) == 4
+    for b in range(2) if batched else [None]:
+        pick = (lambda t: t[b]) if batched else (lambda t: t)
+        ref_scores, ref_terms = transformer_xl_reference(pick(q), pick(k), r, u, v)
+        torch.testing.assert_close(pick(scores), ref_scores)
+        for got, ref in zip(terms, ref_terms):
+            torch.testing.assert_close(pick(got), ref)
+    torch.testing.assert_close(transformer_xl_scores(q, k, r, u, v), scores)
+
+
+def test_transformer_xl_scores_are_invariant_to_shifting_absolute_positions():
+    """Put t more memory keys in front: every query and key moves t positions, the layout of the old pairs does not."""
+    H, L, S, d, t = 2, 4, 7, 5, 3
+    q, k, r, u, v = xl_inputs((1,), H, L, S + t, d, seed=16)
+    late = transformer_xl_scores(q, k, r, u, v)[..., t:]  # queries at t+S-L.., keys at t..
+    early = transformer_xl_scores(q, k[..., t:, :], r[:, :S], u, v)  # the same tokens at positions 0..
+    torch.testing.assert_close(early, late)
+
+
+def test_transformer_xl_one_step_with_a_cache_equals_the_last_row():
+    q, k, r, u, v = xl_inputs((2,), 3, 6, 6, 4, seed=17)
+    full = transformer_xl_scores(q, k, r, u, v)
+    step = transformer_xl_scores(q[..., -1:, :], k, r, u, v)  # the new query against 5 cached keys + its own
+    torch.testing.assert_close(step, full[..., -1:, :])
+
+
+def test_transformer_xl_relative_embeddings_and_bad_shapes():
+    R = transformer_xl_relative_embeddings(10, 8)
+    torch.testing.assert_close(R, sinusoidal_encoding(10, 8))
+    q, k, r, u, v = xl_inputs((), 2, 4, 6, 3)
+    with pytest.raises(ValueError, match="S >= L"):
+        transformer_xl_scores(q, k[:, :3], r[:, :3], u, v)
+    with pytest.raises(ValueError, match="r must have shape"):
+        transformer_xl_scores(q, k, r[:, :5], u, v)
+    with pytest.raises(ValueError, match="u must have shape"):
+        transformer_xl_scores(q, k, r, u[:1], v)
+
+
+# --------------------------------------------------------------------------- subspaces of a learned table
+def orthonormal(D, k, seed):
+    return torch.linalg.qr(torch.randn(D, k, generator=gen(seed), dtype=torch.float64))[0]
+
+
+def rows_in(basis, n, seed):
+    return torch.randn(n, basis.shape[1], generator=gen(seed), dtype=torch.float64) @ basis.T
+
+
+def test_subspace_overlap_known_answers():
+    D = 12
+    Q = orthonormal(D, 6, 20)
+    a, b = rows_in(Q[:, :3], 20, 21), rows_in(Q[:, 3:], 30, 22)
+    assert subspace_overlap(a, b, 3) == pytest.approx(0.0, abs=1e-12)  # orthogonal subspaces
+    assert variance_in_subspace(a, b, 3) == pytest.approx(0.0, abs=1e-12)
+    a2 = rows_in(Q[:, :3], 25, 23)
+    assert subspace_overlap(a, a2, 3) == pytest.approx(1.0, abs=1e-12)  # the same subspace
+    assert variance_in_subspace(a, a2, 3) == pytest.approx(1.0, abs=1e-12)
+    torch.testing.assert_close(principal_angles(a, b, 3), torch.full((3,), math.pi / 2, dtype=torch.float64))
+
+
+def test_principal_angle_of_two_lines_and_variance_split():
+    e1, e2 = torch.eye(5, dtype=torch.float64)[:2]
+    t = torch.randn(9, 1, generator=gen(24), dtype=torch.float64)
+    for theta in (0.3, 1.0, 1.4):
+        line = t * (math.cos(theta) * e1 + math.sin(theta) * e2)
+        assert principal_angles(t * e1, line, 1).item() == pytest.approx(theta, abs=1e-9)
+        assert subspace_overlap(t * e1, line, 1) == pytest.approx(math.cos(theta) ** 2, abs=1e-9)
+    s = torch.tensor([[1.0], [-1.0], [2.0], [-2.0]], dtype=torch.float64)
+    x = torch.cat([s * e1 * 3, s * e2], 0)  # variance 9 : 1 between e1 and e2
+    assert variance_in_subspace(x, t * e1, 1) == pytest.approx(0.9)
+
+
+def test_principal_components_match_the_covariance_eigendecomposition():
+    x = torch.randn(40, 6, generator=gen(25), dtype=torch.float64) * torch.tensor([5.0, 3, 2, 1, 0.5, 0.1])
+    coords, basis, explained = principal_components(x, 3)
+    xc = x - x.mean(0)
+    evals, evecs = torch.linalg.eigh(xc.T @ xc)
+    evals, evecs = evals.flip(0), evecs.flip(1)
+    torch.testing.assert_close(explained, evals[:3] / evals.sum())
+    torch.testing.assert_close((basis.T @ evecs[:, :3]).abs(), torch.eye(3, dtype=torch.float64))
+    torch.testing.assert_close(coords, xc @ basis)
+    with pytest.raises(ValueError, match="k must lie"):
+        principal_components(x, 7)
+
+
+def test_random_subspaces_overlap_about_k_over_D():
+    D, k = 64, 8
+    overlaps = [subspace_overlap(rows_in(orthonormal(D, k, 30 + s), 40, s), rows_in(orthonormal(D, k, 60 + s), 40, s + 1), k)
+                for s in range(20)]
+    assert sum(overlaps) / len(overlaps) == pytest.approx(k / D, rel=0.25)
+
+
 @pytest.mark.parametrize("kwargs,match", [
     ({"dim": 7}, "even"),
     ({"dim": 8, "scaling": {"type": "dynamic", "factor": 2.0}}, "unknown scaling"),
     ({"dim": 8, "scaling": {"type": "yarn", "factor": 2.0}}, "original_max_position_embeddings"),
     ({"dim": 8, "scaling": {"type": "linear", "factor": 0.5}}, ">= 1"),
+    ({"dim": 8, "scaling": {"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64,
+                            "ramp": "cubic"}}, "ramp"),
 ])
 def test_rope_rejects_bad_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
