@@ -2,8 +2,10 @@
 
 Papers: Child et al. (2019) for strided / fixed sparse patterns; Beltagy, Peters & Cohan
 (2020) for Longformer's sliding, dilated and global attention; Ainslie et al. (2020) for
-ETC; Zaheer et al. (2020) for BigBird's window + global + random blocks; Kitaev, Kaiser
-& Levskaya (2020) for Reformer's locality-sensitive hashing.
+ETC's global-local attention and its relative-position labels (clipped as in Shaw et
+al. (2018), turned into one learned scalar per label and head as in Raffel et al.
+(2020)); Zaheer et al. (2020) for BigBird's window + global + random blocks; Kitaev,
+Kaiser & Levskaya (2020) for Reformer's locality-sensitive hashing.
 
 A sparse pattern is a boolean mask ``(L, S)`` with True = "may attend" (the convention
 of ``attnbook.core``). Dense attention with that mask costs ``O(L S)`` whatever the mask
@@ -20,6 +22,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 from .core import _check_qkv
 
@@ -28,6 +31,8 @@ __all__ = [
     "global_mask",
     "random_mask",
     "longformer_mask",
+    "etc_relative_labels",
+    "RelativeLabelBias",
     "bigbird_block_mask",
     "expand_block_mask",
     "block_sparse_attention",
@@ -109,6 +114,92 @@ def longformer_mask(
     return sliding_window_mask(seq_len, window, dilation=dilation) | global_mask(
         seq_len, global_idx
     )
+
+
+# --------------------------------------------------------------------------------------
+# ETC: a global input, a long input, and relative-position labels between them
+# --------------------------------------------------------------------------------------
+def etc_relative_labels(
+    n_global: int,
+    n_long: int,
+    radius: int,
+    segment_of_long,
+    *,
+    max_distance: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """ETC's global-local attention pattern and its relative-position labels
+    (Ainslie et al., 2020).
+
+    The ``N = n_global + n_long`` tokens are ordered global first, then long; ``(a, b)``
+    is query ``a``, key ``b``. Each long token ``t`` belongs to the segment of global
+    token ``segment_of_long[t]`` (a sentence and its summary token, say). With ``k =
+    max_distance`` (default ``radius``) and ``clip(x) = min(max(x, -k), k)``:
+
+    * g2g (global query, global key): may attend, label ``k + clip(b - a)``;
+    * l2l (long ``i``, long ``j``, counted within the long input): may attend when
+      ``|j - i| <= radius``, label ``k + clip(j - i)``;
+    * g2l and l2g (one global, one long token): may attend, label ``2k + 2`` when the
+      long token lies in the global token's segment, ``2k + 1`` otherwise.
+
+    Labels ``0 .. 2k`` are the clipped offsets ``-k .. k`` of Shaw et al. (2018); the
+    two labels ``2k + 1`` and ``2k + 2`` replace a distance where none exists, between
+    the global and the long input, so there are ``2k + 3`` labels in all. Masked-out
+    l2l pairs keep their clipped label, which the mask makes unused.
+
+    Returns ``labels (N, N)`` long in ``[0, 2k + 3)`` and ``mask (N, N)`` bool (True =
+    may attend); ``segment_of_long`` is a list or 1-D tensor of ``n_long`` integers in
+    ``[0, n_global)``.
+    """
+    _check_positive(n_global=n_global, n_long=n_long)
+    k = radius if max_distance is None else max_distance
+    for name, value in (("radius", radius), ("max_distance", k)):
+        if not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    segment = torch.as_tensor(segment_of_long, dtype=torch.long).reshape(-1)
+    if segment.numel() != n_long or (
+        n_long and (segment.min() < 0 or segment.max() >= n_global)
+    ):
+        raise ValueError(
+            f"segment_of_long must hold n_long={n_long} integers in [0, n_global="
+            f"{n_global}), got {segment.tolist()}"
+        )
+    is_long = torch.arange(n_global + n_long) >= n_global
+    # position within its own input, and the segment (global token) each token is in
+    position = torch.cat([torch.arange(n_global), torch.arange(n_long)])
+    owner = torch.cat([torch.arange(n_global), segment])
+    offset = position[None, :] - position[:, None]  # j - i
+    labels = offset.clamp(-k, k) + k
+    crosses = is_long[:, None] != is_long[None, :]  # g2l or l2g
+    same_segment = (owner[:, None] == owner[None, :]).long()
+    labels = torch.where(crosses, 2 * k + 1 + same_segment, labels)
+    both_long = is_long[:, None] & is_long[None, :]
+    mask = ~both_long | (offset.abs() <= radius)
+    return labels, mask
+
+
+class RelativeLabelBias(nn.Module):
+    """One learned scalar per (label, head) added to the attention logits:
+    ``bias[h, i, j] = b[labels[i, j], h]``.
+
+    T5's relative bias (Raffel et al., 2020) with the labels given instead of computed
+    from distances, so it also works for ETC's labels (:func:`etc_relative_labels`),
+    which are not all distances. The table starts at zero (no preference). ``forward
+    (labels (L, S) long, mask (L, S) bool or None)`` returns the additive mask ``(heads,
+    L, S)`` for ``attnbook.core.scaled_dot_product_attention``, ``-inf`` where ``mask``
+    is False.
+    """
+
+    def __init__(self, n_labels: int, n_heads: int):
+        super().__init__()
+        _check_positive(n_labels=n_labels, n_heads=n_heads)
+        self.bias = nn.Embedding(n_labels, n_heads)
+        nn.init.zeros_(self.bias.weight)
+
+    def forward(
+        self, labels: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        out = self.bias(labels).movedim(-1, 0)  # (L, S, heads) -> (heads, L, S)
+        return out if mask is None else out.masked_fill(~mask, -math.inf)
 
 
 # --------------------------------------------------------------------------------------
@@ -292,30 +383,23 @@ def block_sparse_attention(
         if not len(group):
             continue
         width = max(int(counts[group].max()), 1)
-        # Chunks of rows keep each step's scores near _CHUNK_SCORES floats (cache-sized,
-        # linear total).
-        for rows in group.split(max(1, _CHUNK_SCORES // (batch_numel * b * b * width))):
-            # Active key blocks first (stable sort of ~active), then padding blocks
-            # flagged invalid.
-            # (r, width)
+        step = max(1, _CHUNK_SCORES // (batch_numel * b * b * width))
+        for rows in group.split(step):  # r rows at a time, about _CHUNK_SCORES scores
+            # (r, width): active key blocks first, then padding blocks (valid False)
             idx = (~active[rows]).to(torch.int8).argsort(dim=-1, stable=True)[:, :width]
-            # (r, 1, width * b) token positions
-            keys = k_pos[idx].flatten(1)[:, None, :]
-            blocked = ~torch.gather(active[rows], 1, idx).repeat_interleave(b, dim=-1)[
-                :, None, :
-            ] | (keys >= S)
+            valid = torch.gather(active[rows], 1, idx).repeat_interleave(b, dim=-1)
+            keys = k_pos[idx].flatten(1)[:, None, :]  # (r, 1, width * b) key positions
+            blocked = ~valid[:, None, :] | (keys >= S)
             if is_causal:
                 blocked = blocked | (keys > q_pos[rows][:, :, None] + (S - L))
-            k_gathered = kb[..., idx, :, :].flatten(-3, -2)  # (..., r, width * b, E)
-            v_gathered = vb[..., idx, :, :].flatten(-3, -2)  # (..., r, width * b, Ev)
-            # (..., r, b, width * b)
-            scores = qb[..., rows, :, :] @ k_gathered.transpose(-2, -1)
+            k_rows = kb[..., idx, :, :].flatten(-3, -2)  # (..., r, width * b, E)
+            v_rows = vb[..., idx, :, :].flatten(-3, -2)  # (..., r, width * b, Ev)
+            scores = qb[..., rows, :, :] @ k_rows.transpose(-2, -1)  # (..., r, b, w b)
             weights = torch.softmax(scores.masked_fill_(blocked, -math.inf), dim=-1)
-            # queries with no allowed key: zeros, not NaN
-            dead = blocked.all(dim=-1, keepdim=True)
+            dead = blocked.all(dim=-1, keepdim=True)  # no allowed key: zeros, not NaN
             if dead.any():
                 weights = weights.masked_fill(dead, 0.0)
-            out[..., rows, :, :] = weights @ v_gathered
+            out[..., rows, :, :] = weights @ v_rows
     return out.flatten(-3, -2)[..., :L, :]
 
 
@@ -335,6 +419,10 @@ def sliding_window_attention(
     scores are ``(..., n, 2 window + 1)`` instead of ``(..., n, n)``. Shapes ``(..., n,
     E)``, ``(..., n, E)``, ``(..., n, Ev)`` -> ``(..., n, Ev)``; queries and keys must
     have the same length ``n``.
+
+    Cost: ``n s`` scores with ``s = 2 window + 1`` keys per query (``window + 1`` if
+    causal), so ``2 n s (E + Ev)`` FLOPs for the two matrix products: linear in ``n``
+    and in ``window``.
     """
     _check_qkv(q, k, v)
     if q.shape[-2] != k.shape[-2]:
@@ -348,8 +436,7 @@ def sliding_window_attention(
     right = 0 if is_causal else window
     span = window + right + 1
     pad = (0, 0, window, right)
-    # (..., n, E, span), a view
-    k_win = torch.nn.functional.pad(k, pad).unfold(-2, span, 1)
+    k_win = torch.nn.functional.pad(k, pad).unfold(-2, span, 1)  # (..., n, E, span)
     v_win = torch.nn.functional.pad(v, pad).unfold(-2, span, 1)  # (..., n, Ev, span)
     scores = (q.unsqueeze(-2) / math.sqrt(q.shape[-1])) @ k_win  # (..., n, 1, span)
     key_pos = torch.arange(n, device=q.device)[:, None] + torch.arange(

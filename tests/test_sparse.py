@@ -13,11 +13,14 @@ import torch
 import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
+from torch.utils.flop_counter import FlopCounterMode
 
 from attnbook.core import scaled_dot_product_attention as dense_attention
 from attnbook.sparse import (
+    RelativeLabelBias,
     bigbird_block_mask,
     block_sparse_attention,
+    etc_relative_labels,
     expand_block_mask,
     global_mask,
     graph_distances,
@@ -73,6 +76,93 @@ def test_random_mask_is_reproducible_and_uniform():
 def test_longformer_mask_is_window_or_global():
     expected = sliding_window_mask(12, 2, dilation=2) | global_mask(12, [0, 11])
     assert torch.equal(longformer_mask(12, 2, [0, 11], dilation=2), expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# ETC: labels and mask against the paper's definition, pair by pair; the per-label bias
+# ---------------------------------------------------------------------------------------------
+def _etc_labels_loop(n_global, n_long, radius, segment, k):
+    """Ainslie et al. (2020), read pair by pair: four pieces g2g, g2l, l2g, l2l."""
+    clip = lambda x: min(max(x, -k), k) + k  # noqa: E731  labels 0..2k for offsets -k..k
+    n = n_global + n_long
+    labels, mask = [[0] * n for _ in range(n)], [[False] * n for _ in range(n)]
+    for a, b in itertools.product(range(n), range(n)):
+        if a < n_global and b < n_global:  # g2g: full, relative position among globals
+            labels[a][b], mask[a][b] = clip(b - a), True
+        elif a >= n_global and b >= n_global:  # l2l: local radius, clipped offset
+            i, j = a - n_global, b - n_global
+            labels[a][b], mask[a][b] = clip(j - i), abs(j - i) <= radius
+        else:  # g2l / l2g: full, "own segment" or "other segment"
+            g, t = (a, b - n_global) if a < n_global else (b, a - n_global)
+            labels[a][b], mask[a][b] = (2 * k + 2 if segment[t] == g else 2 * k + 1), True
+    return torch.tensor(labels), torch.tensor(mask)
+
+
+@pytest.mark.parametrize("n_global, n_long, radius, k", [(1, 1, 0, 0), (2, 7, 1, 3), (3, 12, 3, 2), (4, 5, 9, 9)])
+def test_etc_relative_labels_match_the_definition(n_global, n_long, radius, k):
+    segment = [t * n_global // n_long for t in range(n_long)]  # contiguous segments
+    labels, mask = etc_relative_labels(n_global, n_long, radius, segment, max_distance=k)
+    expected_labels, expected_mask = _etc_labels_loop(n_global, n_long, radius, segment, k)
+    assert labels.dtype == torch.long and mask.dtype == torch.bool
+    assert torch.equal(labels, expected_labels) and torch.equal(mask, expected_mask)
+    assert 0 <= labels.min() and labels.max() < 2 * k + 3
+
+
+@given(n_global=st.integers(1, 5), n_long=st.integers(1, 20), radius=st.integers(0, 6),
+       k=st.one_of(st.none(), st.integers(0, 6)), data=st.data())
+def test_etc_relative_labels_property(n_global, n_long, radius, k, data):
+    segment = data.draw(st.lists(st.integers(0, n_global - 1), min_size=n_long, max_size=n_long))
+    labels, mask = etc_relative_labels(n_global, n_long, radius, segment, max_distance=k)
+    expected = _etc_labels_loop(n_global, n_long, radius, segment, radius if k is None else k)
+    assert torch.equal(labels, expected[0]) and torch.equal(mask, expected[1])
+
+
+def test_etc_mask_is_global_rows_and_columns_plus_a_window():
+    labels, mask = etc_relative_labels(2, 10, 2, [0] * 5 + [1] * 5)
+    expected = global_mask(12, [0, 1])
+    expected[2:, 2:] |= sliding_window_mask(10, 2)
+    assert torch.equal(mask, expected)
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((0, 3, 1, []), "n_global"),
+        ((2, 3, -1, [0, 0, 1]), "radius"),
+        ((2, 3, 1, [0, 1]), "segment_of_long"),
+        ((2, 3, 1, [0, 1, 2]), "segment_of_long"),
+    ],
+)
+def test_etc_relative_labels_errors(args, match):
+    with pytest.raises(ValueError, match=match):
+        etc_relative_labels(*args)
+
+
+def test_relative_label_bias_matches_a_loop_and_learns_only_used_labels(gen):
+    n_global, n_long, heads, k = 2, 9, 3, 2
+    # radius 1 < k = 2: offsets +-2 (labels 0 and 4) occur only in masked-out pairs
+    labels, mask = etc_relative_labels(n_global, n_long, 1, [0] * 4 + [1] * 5, max_distance=k)
+    bias = RelativeLabelBias(2 * k + 3, heads).double()
+    assert not bias(labels).any()  # starts at zero: plain masked attention
+    with torch.no_grad():
+        bias.bias.weight.copy_(randn(2 * k + 3, heads, gen=gen))
+    q, key, value = (randn(1, heads, 11, 4, gen=gen) for _ in range(3))
+    additive = bias(labels, mask)
+    assert additive.shape == (heads, 11, 11)
+    out = dense_attention(q, key, value, additive)
+    table = bias.bias.weight
+    for h, i in itertools.product(range(heads), range(11)):  # one softmax row at a time
+        logits = [q[0, h, i] @ key[0, h, j] / 2.0 + table[labels[i, j], h] for j in range(11)]
+        allowed = [j for j in range(11) if mask[i, j]]
+        weights = torch.softmax(torch.stack([logits[j] for j in allowed]), dim=0)
+        expected = sum(w * value[0, h, j] for w, j in zip(weights, allowed))
+        torch.testing.assert_close(out[0, h, i], expected, **TIGHT)
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, key, value, attn_mask=additive), **TIGHT)
+    out.sum().backward()
+    used = torch.zeros(2 * k + 3, dtype=torch.bool)
+    used[labels[mask]] = True
+    assert used.tolist() == [False, True, True, True, False, True, True]
+    assert (table.grad[~used] == 0).all() and (table.grad[used] != 0).all()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -203,6 +293,16 @@ def test_sliding_window_attention_memory_is_linear(gen):
     q, k, v = (torch.randn(1, n, 16, generator=gen) for _ in range(3))
     largest = largest_new_tensor(sliding_window_attention, q, k, v, window)
     assert largest <= n * (2 * window + 1) * 16, f"largest intermediate has {largest} elements"
+
+
+@pytest.mark.parametrize("n, window", [(64, 0), (64, 3), (128, 3), (128, 12), (256, 12)])
+def test_sliding_window_attention_flops_are_linear_in_n_and_w(n, window, gen):
+    """torch's FLOP counter sees two matmuls of n (2w + 1) d multiply-adds: O(n w d)."""
+    d = 8
+    q, k, v = (torch.randn(1, n, d, generator=gen) for _ in range(3))
+    with FlopCounterMode(display=False) as counter:
+        sliding_window_attention(q, k, v, window)
+    assert counter.get_total_flops() == 2 * 2 * n * (2 * window + 1) * d
 
 
 def test_sliding_window_attention_errors(gen):
