@@ -2,7 +2,8 @@
 
 Papers: Liu et al. (2018) for memory-compressed attention; Wang et al. (2020) for the
 Linformer; Katharopoulos et al. (2020) for linear attention and "transformers are RNNs";
-Choromanski et al. (2021) for the Performer's FAVOR+ positive orthogonal random
+Schlag et al. (2021) for linear attention as a fast-weight programmer and its delta
+rule; Choromanski et al. (2021) for the Performer's FAVOR+ positive orthogonal random
 features.
 
 Two families, read top to bottom:
@@ -17,7 +18,9 @@ Two families, read top to bottom:
   ``phi = elu + 1`` this is a *different* attention (linear attention); with the
   Performer's random features it is an unbiased estimate of softmax attention. Causally,
   the sums become prefix sums, i.e. an RNN whose state is ``(S_i, z_i) = (sum_{j<=i}
-  phi(k_j) v_j^T, sum_{j<=i} phi(k_j))``.
+  phi(k_j) v_j^T, sum_{j<=i} phi(k_j))``. That state is a matrix of *fast weights*
+  written by the sequence and read by ``phi(q_i)``; the delta rule overwrites what it
+  stores under a key instead of adding to it.
 
 Shapes follow :mod:`attnbook.core`: ``q (..., L, E)``, ``k (..., S, E)``, ``v (..., S,
 Ev)``.
@@ -45,6 +48,7 @@ __all__ = [
     "linear_attention",
     "linear_attention_step",
     "linear_attention_recurrent",
+    "delta_rule_attention",
     "orthogonal_random_features",
     "performer_features",
     "performer_attention",
@@ -422,6 +426,73 @@ def linear_attention_recurrent(
             q[..., i, :], k[..., i, :], v[..., i, :], state, feature_map, eps
         )
         outs.append(out)
+    return torch.stack(outs, dim=-2), state
+
+
+# --------------------------------------------------------------------------------------
+# Fast weights: the delta rule (Schlag et al., 2021)
+# --------------------------------------------------------------------------------------
+def delta_rule_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor | float,
+    feature_map: FeatureMap = elu_feature_map,
+    *,
+    state: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Causal linear attention with the delta rule: a fast-weight memory that can
+    overwrite (Schlag et al., 2021).
+
+    Linear attention adds ``phi(k_t) v_t^T`` to its state and never removes anything.
+    The delta rule first reads what the memory returns for the key, then moves that
+    value toward ``v_t`` by a step ``beta_t``:
+
+    .. math::
+
+        \bar v_t = S_{t-1}^\top f_t, \qquad
+        S_t = S_{t-1} + \beta_t\, f_t\, (v_t - \bar v_t)^\top, \qquad
+        \mathrm{out}_t = S_t^\top g_t,
+
+    with unit-length features ``f_t = phi(k_t) / |phi(k_t)|`` and ``g_t = phi(q_t) /
+    |phi(q_t)|``. In the paper's layout, with fast weights ``W_t = S_t^T``: ``W_t =
+    W_{t-1} + beta_t (v_t - W_{t-1} f_t) f_t^T``. ``beta_t = 1`` replaces the value
+    stored under ``f_t`` by ``v_t``, ``beta_t = 0`` leaves the memory as it is (Schlag
+    et al. learn ``beta_t`` as a sigmoid). They scale features to sum 1; unit length
+    makes ``beta_t = 1`` an exact overwrite. There is no denominator: the memory is read
+    directly.
+
+    ``q``, ``k``: ``(..., n, E)``; ``v``: ``(..., n, Ev)``, one query per key;
+    ``beta``: ``(..., n)`` or anything that broadcasts to it (a float); ``state``: the
+    ``(..., M, Ev)`` memory left by an earlier call, zeros when ``None``. Returns ``(out
+    (..., n, Ev), S (..., M, Ev))``, in ``n`` sequential steps.
+    """
+    _check_qkv(q, k, v)
+    n = q.shape[-2]
+    if k.shape[-2] != n or n == 0:
+        raise ValueError(
+            "the delta rule needs one query per key and at least one token, got q "
+            f"{tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+    beta = torch.as_tensor(beta, dtype=v.dtype, device=v.device)
+    try:
+        beta = torch.broadcast_to(beta, (*batch, n))
+    except RuntimeError:
+        raise ValueError(
+            f"beta must broadcast to (..., n) = {(*batch, n)}, got {tuple(beta.shape)}"
+        ) from None
+    f = F.normalize(feature_map(k), dim=-1)  # (..., n, M), unit rows
+    g = F.normalize(feature_map(q), dim=-1)
+    if state is None:
+        state = v.new_zeros(*batch, f.shape[-1], v.shape[-1])
+    outs = []
+    for t in range(n):
+        f_t = f[..., t, :].unsqueeze(-1)  # (..., M, 1)
+        stored = (f_t.transpose(-2, -1) @ state).squeeze(-2)  # (..., Ev): v-bar
+        delta = beta[..., t, None] * (v[..., t, :] - stored)
+        state = state + f_t * delta.unsqueeze(-2)
+        outs.append((g[..., t, :].unsqueeze(-2) @ state).squeeze(-2))
     return torch.stack(outs, dim=-2), state
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -14,6 +15,7 @@ from attnbook.linear import (
     LinformerAttention,
     MemoryCompressedAttention,
     compress_sequence,
+    delta_rule_attention,
     elu_feature_map,
     linear_attention,
     linear_attention_recurrent,
@@ -204,6 +206,80 @@ def test_linear_attention_rejects_bad_shapes(gen):
         linear_attention(_randn(gen, 1, 4, 3), _randn(gen, 1, 4, 5), _randn(gen, 1, 4, 5))
     with pytest.raises(ValueError, match="one query per key"):
         linear_attention_recurrent(_randn(gen, 1, 3, 4), _randn(gen, 1, 4, 4), _randn(gen, 1, 4, 4))
+
+
+# ---------------------------------------------------------------------------------------------
+# Fast weights: the delta rule
+# ---------------------------------------------------------------------------------------------
+def _delta_rule_loop(q, k, v, beta, phi):
+    """Schlag et al.'s layout, one sequence at a time: W_t = W_{t-1} + b_t (v_t - W_{t-1} f_t) f_t^T."""
+    *batch, n, _ = q.shape
+    out = torch.zeros(*batch, n, v.shape[-1], dtype=q.dtype)
+    states = torch.zeros(*batch, phi(k[..., :1, :]).shape[-1], v.shape[-1], dtype=q.dtype)
+    for b in itertools.product(*map(range, batch)):
+        W = torch.zeros(v.shape[-1], states.shape[-2], dtype=q.dtype)  # (Ev, M)
+        for t in range(n):
+            f, g = phi(k[b][t]), phi(q[b][t])
+            f, g = f / f.norm(), g / g.norm()
+            W = W + beta[b][t] * torch.outer(v[b][t] - W @ f, f)
+            out[b][t] = W @ g
+        states[b] = W.T
+    return out, states
+
+
+@given(n=st.integers(1, 8), E=st.integers(1, 5), Ev=st.integers(1, 4), heads=st.integers(1, 3), seed=st.integers(0, 2**16))
+def test_delta_rule_matches_the_loop_in_the_papers_layout(n, E, Ev, heads, seed):
+    gen = torch.Generator().manual_seed(seed)
+    q, k, v = _randn(gen, heads, n, E), _randn(gen, heads, n, E), _randn(gen, heads, n, Ev)
+    beta = torch.rand(heads, n, generator=gen, dtype=torch.float64)
+    out, state = delta_rule_attention(q, k, v, beta)
+    expected_out, expected_state = _delta_rule_loop(q, k, v, beta, elu_feature_map)
+    torch.testing.assert_close(out, expected_out)
+    torch.testing.assert_close(state, expected_state)
+
+
+def test_delta_rule_overwrites_where_the_additive_rule_averages(gen):
+    key = _randn(gen, 1, 1, 6).expand(1, 2, 6)  # the same key A twice
+    values = torch.tensor([[[1.0], [2.0]]], dtype=torch.float64)  # A -> 1, then A -> 2
+    out, _ = delta_rule_attention(key, key, values, beta=1.0)
+    torch.testing.assert_close(out[0, :, 0], torch.tensor([1.0, 2.0], dtype=torch.float64))
+    additive, _ = linear_attention_recurrent(key, key, values)
+    torch.testing.assert_close(additive[0, :, 0], torch.tensor([1.0, 1.5], dtype=torch.float64))
+    half, _ = delta_rule_attention(key, key, values, beta=0.5)  # half a step toward 2
+    torch.testing.assert_close(half[0, -1, 0], torch.tensor(0.5 + 0.75, dtype=torch.float64))
+
+
+def test_delta_rule_with_orthogonal_keys_stores_each_latest_value(gen):
+    identity = lambda x: x  # noqa: E731  one-hot keys stay orthonormal features
+    keys = torch.eye(4, dtype=torch.float64)[[0, 1, 2, 0, 1]]  # keys 0 and 1 written twice
+    v = _randn(gen, 5, 3)
+    _, S = delta_rule_attention(keys, keys, v, 1.0, identity)
+    torch.testing.assert_close(S[:3], v[[3, 4, 2]])  # row i of S holds the last value of key i
+    assert torch.equal(S[3], torch.zeros(3, dtype=torch.float64))
+    _, S_once = delta_rule_attention(keys[:3], keys[:3], v[:3], 1.0, identity)
+    torch.testing.assert_close(S_once, keys[:3].T @ v[:3])  # distinct keys: the additive sum
+
+
+def test_delta_rule_continues_from_a_state_and_beta_zero_only_reads(gen):
+    q, k, v = (_randn(gen, 2, 9, 4) for _ in range(3))
+    beta = torch.rand(2, 9, generator=gen, dtype=torch.float64)
+    full, S = delta_rule_attention(q, k, v, beta)
+    first, S1 = delta_rule_attention(q[:, :5], k[:, :5], v[:, :5], beta[:, :5])
+    second, S2 = delta_rule_attention(q[:, 5:], k[:, 5:], v[:, 5:], beta[:, 5:], state=S1)
+    torch.testing.assert_close(torch.cat([first, second], 1), full)
+    torch.testing.assert_close(S2, S)
+    frozen, S3 = delta_rule_attention(q, k, v, 0.0, state=S)
+    torch.testing.assert_close(S3, S)
+    g = F.normalize(elu_feature_map(q), dim=-1)
+    torch.testing.assert_close(frozen, g @ S)
+
+
+def test_delta_rule_rejects_bad_inputs(gen):
+    q = _randn(gen, 2, 5, 4)
+    with pytest.raises(ValueError, match="beta must broadcast"):
+        delta_rule_attention(q, q, q, torch.ones(3))
+    with pytest.raises(ValueError, match="one query per key"):
+        delta_rule_attention(q[:, :4], q, q, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------
