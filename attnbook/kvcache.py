@@ -1,17 +1,23 @@
-"""The KV cache: what autoregressive decoding keeps so it never recomputes the past
-(Chapter 6).
+"""The KV cache: what autoregressive decoding keeps so it never recomputes the past.
 
 A decoder generating token ``t`` needs the keys and values of tokens ``0..t``. Those of
 tokens ``0..t-1`` do not change when a token is appended (causal attention: the past
 never sees the future), so they are computed once and stored. This module implements, in
-the order Chapter 6 tells them:
+the order the chapter tells them:
 
+* :func:`decode_arithmetic_intensity`: why decoding is memory-bound, and how much
+  grouped-query attention helps;
 * :func:`kv_cache_bytes` and :data:`MODEL_CONFIGS`: how large the cache of a real model
   is;
 * :class:`KVCache`: preallocated ``(batch, kv_heads, max_len, head_dim)`` buffers per
   layer;
 * :class:`SlidingWindowKVCache`: a ring buffer keeping the last ``window`` positions
   (the rolling buffer cache of Mistral 7B, Jiang et al., 2023);
+* :class:`SegmentMemory`, :class:`RelativeSegmentAttention` and :func:`run_segments`:
+  segment-level recurrence, a cache of hidden states carried across training segments
+  (Transformer-XL, Dai et al., 2019), with evicted states compressed by
+  :func:`compress_memories` instead of discarded (the Compressive Transformer, Rae et
+  al., 2020);
 * :class:`PagedKVCache`: a pool of fixed-size blocks with one block table per sequence
   (PagedAttention, Kwon et al., 2023);
 * :func:`split_kv_attention`: split-KV ("flash-decoding") attention for one query token
@@ -29,14 +35,22 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
+
+from .positional import transformer_xl_relative_embeddings, transformer_xl_scores
 
 __all__ = [
     "CacheFullError",
+    "decode_arithmetic_intensity",
     "kv_cache_bytes",
     "MODEL_CONFIGS",
     "model_cache_table",
     "KVCache",
     "SlidingWindowKVCache",
+    "compress_memories",
+    "SegmentMemory",
+    "RelativeSegmentAttention",
+    "run_segments",
     "PagedKVCache",
     "split_kv_attention",
     "decode_attention",
@@ -46,6 +60,63 @@ __all__ = [
 class CacheFullError(ValueError):
     """Raised when a write would go past a cache's capacity: nothing is ever silently
     dropped."""
+
+
+# --------------------------------------------------------------------------------------
+# Why decoding is memory-bound
+# --------------------------------------------------------------------------------------
+def decode_arithmetic_intensity(
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    bytes_per_element: int = 2,
+    batch: int = 1,
+    seq_len: int | None = None,
+) -> float:
+    r"""FLOPs per byte moved by attention over the KV cache in one decode step.
+
+    Each of the ``batch`` sequences brings one query token and its own cache of
+    ``seq_len`` positions. A query head does ``2 * seq_len * head_dim`` FLOPs for its
+    scores ``q K^T`` and as many for ``p V``. The step reads every cached key and value
+    once: with grouped-query attention (Ainslie et al., 2023) the ``h / h_kv`` query
+    heads of a group share that read (multi-query attention: ``h_kv = 1``). It also
+    reads the queries and writes the outputs, ``h * head_dim`` numbers each:
+
+    .. math::
+        I = \frac{4 B h S d}{\mathrm{bytes} \cdot (2 B h_{kv} S d + 2 B h d)}
+        \;\longrightarrow\; \frac{2}{\mathrm{bytes}} \cdot \frac{h}{h_{kv}}
+        \quad (S \to \infty)
+
+    ``seq_len=None`` returns that limit of a long cache. ``batch`` and ``head_dim``
+    cancel: every sequence brings its own cache, so a larger batch raises the FLOPs
+    and the bytes together (the weight matrices' intensity, by contrast, grows with the
+    batch). The softmax's few FLOPs per score are left out. The factor ``h / h_kv`` is
+    only realized by a kernel that loads each key/value tile once for all the query
+    heads of its group.
+    """
+    sizes = dict(
+        n_heads=n_heads,
+        n_kv_heads=n_kv_heads,
+        head_dim=head_dim,
+        bytes_per_element=bytes_per_element,
+        batch=batch,
+    )
+    if seq_len is not None:
+        sizes["seq_len"] = seq_len
+    for name, value in sizes.items():
+        if value < 1:
+            raise ValueError(f"{name} must be positive, got {value}")
+    if n_heads % n_kv_heads:
+        raise ValueError(
+            f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}"
+        )
+    if seq_len is None:
+        return 2 / bytes_per_element * n_heads / n_kv_heads
+    flops = 4 * batch * n_heads * seq_len * head_dim
+    numbers = (
+        2 * batch * n_kv_heads * seq_len * head_dim + 2 * batch * n_heads * head_dim
+    )
+    return flops / (numbers * bytes_per_element)
 
 
 # --------------------------------------------------------------------------------------
@@ -276,6 +347,172 @@ class SlidingWindowKVCache(KVCache):
         self.v[layer][:, :, slots] = v_new[..., T - keep :, :]
         self.lengths[layer] = n + T
         return k_all, v_all
+
+
+# --------------------------------------------------------------------------------------
+# Segment-level recurrence: Transformer-XL and the Compressive Transformer
+# --------------------------------------------------------------------------------------
+def compress_memories(states: torch.Tensor, rate: int) -> torch.Tensor:
+    """Mean-pool ``states`` ``(..., n, d)`` over runs of ``rate`` consecutive positions:
+    ``(..., ceil(n / rate), d)``, the last run possibly shorter.
+
+    This is the simplest compression function of the Compressive Transformer (Rae et
+    al., 2020), which also tries max-pooling and learned (dilated) convolutions of
+    stride ``rate``.
+    """
+    if rate < 1:
+        raise ValueError(f"rate must be positive, got {rate}")
+    n = states.shape[-2]
+    slots = -(-n // rate)
+    pad = slots * rate - n
+    padded = torch.nn.functional.pad(states, (0, 0, 0, pad))
+    sums = padded.unflatten(-2, (slots, rate)).sum(-2)
+    counts = torch.full(
+        (slots, 1), float(rate), dtype=states.dtype, device=states.device
+    )
+    if pad:
+        counts[-1] = rate - pad
+    return sums / counts
+
+
+class SegmentMemory:
+    """Hidden states carried from one segment to the next, per layer: Transformer-XL's
+    memory (Dai et al., 2019) and the Compressive Transformer's compressed memory (Rae
+    et al., 2020).
+
+    ``update(layer, hidden)`` appends the ``(batch, L, d_model)`` states that entered
+    ``layer`` in the current segment, *detached* (gradients stop at the segment
+    boundary), and keeps the last ``mem_len``. What falls out is discarded when
+    ``compressed_len == 0``; otherwise each eviction of ``n`` states is compressed by
+    :func:`compress_memories` into ``ceil(n / compression_rate)`` slots, appended to
+    the compressed memory, of which the last ``compressed_len`` slots are kept.
+    ``context(layer)`` returns ``[compressed, memory]``, oldest first, ``(batch, <=
+    compressed_len + mem_len, d_model)`` (``None`` before the first update): the extra
+    keys and values the next segment attends to. Memory never grows past ``mem_len +
+    compressed_len`` positions per layer, however long the sequence.
+    """
+
+    def __init__(
+        self,
+        n_layers: int,
+        mem_len: int,
+        compressed_len: int = 0,
+        compression_rate: int = 2,
+    ):
+        if n_layers < 1 or min(mem_len, compressed_len) < 0 or compression_rate < 1:
+            raise ValueError(
+                "n_layers and compression_rate must be positive, mem_len and "
+                "compressed_len non-negative, got "
+                f"{(n_layers, mem_len, compressed_len, compression_rate)}"
+            )
+        self.mem_len, self.compressed_len = mem_len, compressed_len
+        self.compression_rate = compression_rate
+        self.memory: list[torch.Tensor | None] = [None] * n_layers
+        self.compressed: list[torch.Tensor | None] = [None] * n_layers
+
+    def context(self, layer: int) -> torch.Tensor | None:
+        parts = [
+            t for t in (self.compressed[layer], self.memory[layer]) if t is not None
+        ]
+        return torch.cat(parts, dim=-2) if parts else None
+
+    def slots(self, layer: int) -> tuple[int, int]:
+        """``(memory positions, compressed slots)`` held for ``layer``."""
+        return tuple(
+            0 if t is None else t.shape[-2]
+            for t in (self.memory[layer], self.compressed[layer])
+        )
+
+    def update(self, layer: int, hidden: torch.Tensor) -> None:
+        hidden = hidden.detach()  # stop-gradient: SG(h) in Dai et al.
+        old = self.memory[layer]
+        states = hidden if old is None else torch.cat((old, hidden), dim=-2)
+        n_evict = max(0, states.shape[-2] - self.mem_len)
+        evicted, self.memory[layer] = states[..., :n_evict, :], states[..., n_evict:, :]
+        if self.compressed_len and n_evict:
+            new = compress_memories(evicted, self.compression_rate)
+            old = self.compressed[layer]
+            both = new if old is None else torch.cat((old, new), dim=-2)
+            self.compressed[layer] = both[..., -self.compressed_len :, :]
+
+
+class RelativeSegmentAttention(nn.Module):
+    r"""One Transformer-XL attention layer (Dai et al., 2019): the ``L`` queries of the
+    current segment attend to the memory and the segment, with relative scores.
+
+    With ``m`` the memory ``(B, M, d_model)`` and ``x`` the segment ``(B, L,
+    d_model)``, ``c = [SG(m); x]`` (``S = M + L`` positions), ``q = x W_q``, ``k = c
+    W_k``, ``v = c W_v`` per head, and ``r = R W_R`` the projected sinusoidal relative
+    embeddings (:func:`attnbook.positional.transformer_xl_relative_embeddings`). Query
+    ``i`` sits at position ``M + i``; the logits are
+    :func:`attnbook.positional.transformer_xl_scores`,
+
+    .. math::
+        a_{ij} = (q_i + u) \cdot k_j + (q_i + v) \cdot r_{M + i - j},
+
+    divided by ``sqrt(head_dim)``, causal (future keys get ``-inf``). Returns ``W_o``
+    applied to the heads' outputs, ``(B, L, d_model)``. Keys carry no position, so a
+    memory state means the same thing in every segment.
+    """
+
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        if d_model % n_heads:
+            raise ValueError(
+                f"d_model={d_model} must be a multiple of n_heads={n_heads}"
+            )
+        self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.q_proj, self.k_proj, self.v_proj, self.r_proj = (
+            nn.Linear(d_model, d_model, bias=False) for _ in range(4)
+        )
+        self.out_proj = nn.Linear(d_model, d_model, bias=False)
+        self.u = nn.Parameter(0.1 * torch.randn(n_heads, self.head_dim))
+        self.v = nn.Parameter(0.1 * torch.randn(n_heads, self.head_dim))
+
+    def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None):
+        B, L, D = x.shape
+        c = x if memory is None else torch.cat((memory.detach().to(x), x), dim=-2)
+        S, H, d = c.shape[1], self.n_heads, self.head_dim
+        q = self.q_proj(x).view(B, L, H, d).transpose(1, 2)
+        k = self.k_proj(c).view(B, S, H, d).transpose(1, 2)
+        val = self.v_proj(c).view(B, S, H, d).transpose(1, 2)
+        r = self.r_proj(transformer_xl_relative_embeddings(S, D).to(x))
+        r = r.view(S, H, d).transpose(0, 1)  # (H, S, d): r[:, delta]
+        scores = transformer_xl_scores(q, k, r, self.u, self.v) / math.sqrt(d)
+        out = torch.softmax(scores, dim=-1) @ val  # (B, H, L, d)
+        return self.out_proj(out.transpose(1, 2).reshape(B, L, D))
+
+
+def run_segments(
+    layers,
+    x: torch.Tensor,
+    segment_len: int,
+    memory: SegmentMemory | None = None,
+) -> torch.Tensor:
+    """Run ``x`` ``(B, T, d_model)`` through a stack of
+    :class:`RelativeSegmentAttention` layers one segment of ``segment_len`` positions
+    at a time: ``h <- h + layer(h, memory.context(l))``, after which layer ``l``'s
+    input ``h`` is stored with ``memory.update(l, h)``. Without ``memory`` every
+    segment is processed alone (a vanilla Transformer on fixed-length segments).
+    Returns the top layer's states, ``(B, T, d_model)``.
+    """
+    if segment_len < 1:
+        raise ValueError(f"segment_len must be positive, got {segment_len}")
+    if memory is not None and len(memory.memory) != len(layers):
+        raise ValueError(
+            f"memory has {len(memory.memory)} layers, the stack {len(layers)}"
+        )
+    outputs = []
+    for start in range(0, x.shape[1], segment_len):
+        h = x[:, start : start + segment_len]
+        for layer_index, layer in enumerate(layers):
+            context = None if memory is None else memory.context(layer_index)
+            out = h + layer(h, context)
+            if memory is not None:
+                memory.update(layer_index, h)
+            h = out
+        outputs.append(h)
+    return torch.cat(outputs, dim=1)
 
 
 class PagedKVCache:

@@ -1,21 +1,69 @@
-"""Tests for attnbook.kvcache: cache sizes, the static, sliding-window and paged caches, split-KV decoding."""
+"""Tests for attnbook.kvcache: decode intensity, cache sizes, the static, sliding-window and
+paged caches, segment-level recurrence with (compressed) memory, split-KV decoding."""
 
 import math
 
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from torch.utils.flop_counter import FlopCounterMode
 
 from attnbook.core import scaled_dot_product_attention
 from attnbook.kvcache import (
-    MODEL_CONFIGS, CacheFullError, KVCache, PagedKVCache, SlidingWindowKVCache, decode_attention, kv_cache_bytes,
-    model_cache_table, split_kv_attention,
+    MODEL_CONFIGS, CacheFullError, KVCache, PagedKVCache, RelativeSegmentAttention,
+    SegmentMemory, SlidingWindowKVCache, compress_memories, decode_arithmetic_intensity,
+    decode_attention, kv_cache_bytes, model_cache_table, run_segments,
+    split_kv_attention,
 )
+from attnbook.positional import sinusoidal_encoding
 from attnbook.sparse import sliding_window_mask
 
 
 def randn(*shape, seed=0, dtype=torch.float32):
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+# --------------------------------------------------------------------------- decode intensity
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n_heads,n_kv_heads", [(8, 8), (8, 2), (8, 1)])
+def test_decode_intensity_counts_the_flops_and_bytes_of_an_explicit_decode_step(
+    n_heads, n_kv_heads, dtype
+):
+    """One decode step written out: the group's query heads are the rows of one product
+    with their shared K and V, so each cached element is read once. FLOPs come from
+    PyTorch's counter, bytes from the tensors read and written."""
+    B, S, d, group = 3, 40, 16, n_heads // n_kv_heads
+    q = randn(B, n_heads, 1, d, seed=1, dtype=dtype)
+    k, v = randn(B, n_kv_heads, S, d, seed=2, dtype=dtype), randn(B, n_kv_heads, S, d, seed=3, dtype=dtype)
+    with FlopCounterMode(display=False) as counter:
+        rows = q.view(B, n_kv_heads, group, d)  # query head h reads KV head h // group
+        p = torch.softmax(rows @ k.transpose(-2, -1) / math.sqrt(d), dim=-1)
+        out = (p @ v).view(B, n_heads, 1, d)
+    expected = F.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(group, 1), v.float().repeat_interleave(group, 1))
+    torch.testing.assert_close(out.float(), expected, atol=2e-2, rtol=2e-2)
+    moved = sum(t.numel() * t.element_size() for t in (q, k, v, out))
+    intensity = counter.get_total_flops() / moved
+    assert intensity == pytest.approx(
+        decode_arithmetic_intensity(n_heads, n_kv_heads, d, dtype.itemsize, B, seq_len=S))
+
+
+def test_decode_intensity_limit_ignores_batch_and_head_dim_and_grows_with_the_group():
+    assert decode_arithmetic_intensity(32, 32, 128) == 1.0  # MHA in fp16: 1 FLOP per byte
+    assert decode_arithmetic_intensity(32, 8, 128) == 4.0
+    assert decode_arithmetic_intensity(32, 1, 128, bytes_per_element=4) == 16.0
+    long = decode_arithmetic_intensity(32, 8, 128, seq_len=10**7)
+    assert long == pytest.approx(4.0, rel=1e-5) and long < 4.0
+    for batch, head_dim in [(1, 64), (64, 128), (7, 80)]:
+        assert decode_arithmetic_intensity(32, 8, head_dim, 2, batch, 4096) == pytest.approx(
+            decode_arithmetic_intensity(32, 8, 128, 2, 1, 4096))
+    with pytest.raises(ValueError, match="multiple"):
+        decode_arithmetic_intensity(32, 6, 128)
+    with pytest.raises(ValueError, match="seq_len"):
+        decode_arithmetic_intensity(32, 8, 128, seq_len=0)
 
 
 def test_kv_cache_bytes_formula_and_published_sizes():
@@ -109,6 +157,196 @@ def test_paged_cache_gather_equals_contiguous_and_wastes_only_the_last_block():
         paged.gather("b")
     with pytest.raises(ValueError, match="already"):
         paged.allocate("a")
+
+
+# --------------------------------------------------------------------------- segment recurrence
+def _mean_pool_by_hand(states, rate):
+    """(B, n, d) -> (B, ceil(n / rate), d): the mean of each run of `rate` positions."""
+    n = states.shape[1]
+    return torch.stack([states[:, s:s + rate].mean(1) for s in range(0, n, rate)], 1)
+
+
+@given(n=st.integers(0, 13), rate=st.integers(1, 5), seed=st.integers(0, 2**16))
+def test_compress_memories_is_mean_pooling_with_a_short_last_run(n, rate, seed):
+    states = randn(2, n, 3, seed=seed)
+    out = compress_memories(states, rate)
+    assert out.shape == (2, math.ceil(n / rate), 3)
+    if n:
+        torch.testing.assert_close(out, _mean_pool_by_hand(states, rate))
+    with pytest.raises(ValueError, match="rate"):
+        compress_memories(states, 0)
+
+
+def _xl_layer_reference(layer, h, first_key):
+    """One RelativeSegmentAttention layer over a whole sequence h (B, T, D), the slow obvious
+    way: query i attends keys first_key(i) .. i with score
+    (q_i + u) . k_j + (q_i + v) . r_(i - j), r = sinusoidal table of distances @ W_R."""
+    B, T, D = h.shape
+    H, d = layer.n_heads, layer.head_dim
+    q, k, v = (h @ lin.weight.T for lin in (layer.q_proj, layer.k_proj, layer.v_proj))
+    r = sinusoidal_encoding(T, D).to(h) @ layer.r_proj.weight.T  # row = distance
+    out = torch.zeros_like(h)
+    for b in range(B):
+        for head in range(H):
+            c = slice(head * d, (head + 1) * d)
+            for i in range(T):
+                keys = range(first_key(i), i + 1)
+                scores = torch.stack([
+                    ((q[b, i, c] + layer.u[head]) @ k[b, j, c]
+                     + (q[b, i, c] + layer.v[head]) @ r[i - j, c]) / math.sqrt(d)
+                    for j in keys])
+                weights = torch.softmax(scores, 0)
+                out[b, i, c] = sum(w * v[b, j, c] for w, j in zip(weights, keys))
+    return out @ layer.out_proj.weight.T
+
+
+def _stack(n_layers, d_model=8, n_heads=2, seed=0):
+    torch.manual_seed(seed)
+    return [RelativeSegmentAttention(d_model, n_heads).double() for _ in range(n_layers)]
+
+
+@given(T=st.integers(1, 11), segment_len=st.integers(1, 5), n_layers=st.integers(1, 2),
+       extra=st.integers(0, 3), seed=st.integers(0, 2**16))
+def test_segments_with_a_memory_of_the_whole_sequence_equal_attention_over_the_prefix(
+    T, segment_len, n_layers, extra, seed
+):
+    """Memory M >= T: segment-by-segment processing sees every earlier position, so it is
+    causal relative attention over the whole prefix at once, layer by layer."""
+    layers = _stack(n_layers, seed=seed % 100)
+    x = randn(2, T, 8, seed=seed, dtype=torch.float64)
+    memory = SegmentMemory(n_layers, mem_len=T + extra)
+    with torch.no_grad():
+        got = run_segments(layers, x, segment_len, memory)
+        h = x
+        for layer in layers:
+            h = h + _xl_layer_reference(layer, h, lambda i: 0)
+    torch.testing.assert_close(got, h)
+    assert [memory.slots(layer) for layer in range(n_layers)] == [(T, 0)] * n_layers
+
+
+@given(T=st.integers(1, 12), segment_len=st.integers(1, 4), mem_len=st.integers(0, 5),
+       n_layers=st.integers(1, 2), seed=st.integers(0, 2**16))
+def test_segments_with_a_short_memory_see_back_to_the_segment_start_minus_memory(
+    T, segment_len, mem_len, n_layers, seed
+):
+    """Memory M < T: a query of the segment starting at s sees keys s - M .. i in every
+    layer (the window each layer's states were computed with)."""
+    layers = _stack(n_layers, seed=seed % 100)
+    x = randn(1, T, 8, seed=seed, dtype=torch.float64)
+    with torch.no_grad():
+        got = run_segments(layers, x, segment_len, SegmentMemory(n_layers, mem_len))
+        h = x
+        for layer in layers:
+            h = h + _xl_layer_reference(
+                layer, h, lambda i: max(0, i // segment_len * segment_len - mem_len))
+    torch.testing.assert_close(got, h)
+
+
+def test_memory_is_detached_so_no_gradient_crosses_a_segment_boundary():
+    layers = _stack(2)
+    x = randn(1, 12, 8, seed=4, dtype=torch.float64).requires_grad_()
+    memory = SegmentMemory(2, mem_len=8)
+    out = run_segments(layers, x, 4, memory)
+    assert all(not memory.context(layer).requires_grad for layer in range(2))
+    out[:, 8:].sum().backward()  # the last segment only
+    assert torch.count_nonzero(x.grad[:, :8]) == 0  # earlier segments: through memory only
+    assert torch.count_nonzero(x.grad[:, 8:]) > 0
+    assert all(p.grad is not None for layer in layers for p in layer.parameters())
+    # the same run without memory: earlier segments are not even read
+    with torch.no_grad():
+        alone = run_segments(layers, x, 4)
+        assert not torch.allclose(alone[:, 8:], out[:, 8:])
+        torch.testing.assert_close(alone[:, :4], out[:, :4])  # nothing before segment 0
+
+
+def test_effective_context_grows_by_the_memory_length_per_layer():
+    """The last position of a segment depends on inputs segment_len + n_layers * mem_len
+    back (M a multiple of L): each layer reaches M further."""
+    L, M, T = 2, 4, 24
+    for n_layers in (1, 2, 3):
+        layers = _stack(n_layers, seed=n_layers)
+        x = randn(1, T, 8, seed=5, dtype=torch.float64).repeat(T + 1, 1, 1)
+        x[torch.arange(1, T + 1), torch.arange(T)] += 1.0  # row p + 1 changes input p
+        with torch.no_grad():
+            out = run_segments(layers, x, L, SegmentMemory(n_layers, M))[:, -1]
+        changed = (out[1:] - out[0]).abs().amax(-1) > 1e-9
+        assert T - int(changed.nonzero().min()) == L + n_layers * M
+
+
+@pytest.mark.parametrize("mem_len,compressed_len,rate", [(4, 3, 2), (3, 10, 3), (0, 4, 1)])
+def test_compressed_memory_keeps_ceil_evicted_over_rate_slots_of_mean_pooled_states(
+    mem_len, compressed_len, rate
+):
+    memory = SegmentMemory(1, mem_len, compressed_len, rate)
+    pushed, evicted_so_far, pooled = [], 0, []
+    for i, n in enumerate([3, 5, 1, 2, 6]):
+        pushed.append(randn(2, n, 3, seed=i))
+        memory.update(0, pushed[-1])
+        states = torch.cat(pushed, 1)
+        evicted = max(0, states.shape[1] - mem_len)
+        if evicted > evicted_so_far:
+            chunk = states[:, evicted_so_far:evicted]
+            pooled.append(_mean_pool_by_hand(chunk, rate))
+            assert pooled[-1].shape[1] == math.ceil(chunk.shape[1] / rate)
+        evicted_so_far = evicted
+        by_hand = torch.cat(pooled, 1)[:, -compressed_len:] if pooled else None
+        kept, slots = memory.slots(0)
+        assert kept == min(mem_len, states.shape[1])
+        assert slots == (0 if by_hand is None else by_hand.shape[1]) <= compressed_len
+        if by_hand is not None:
+            torch.testing.assert_close(memory.compressed[0], by_hand)
+        torch.testing.assert_close(memory.memory[0], states[:, states.shape[1] - kept:])
+        expected = states[:, states.shape[1] - kept:]
+        if by_hand is not None:
+            expected = torch.cat((by_hand, expected), 1)
+        torch.testing.assert_close(memory.context(0), expected)
+
+
+class SegmentMemoryMachine(RuleBasedStateMachine):
+    """Any sequence of pushes: the memory holds the last M states, the compressed memory
+    the last C slots of the mean-pooled evictions, recomputed from scratch."""
+
+    def __init__(self):
+        super().__init__()
+        self.M, self.C, self.rate = 3, 4, 2
+        self.memory = SegmentMemory(2, self.M, self.C, self.rate)
+        self.pushes = []
+
+    @rule(n=st.integers(1, 5), seed=st.integers(0, 1000))
+    def push(self, n, seed):
+        self.pushes.append(randn(1, n, 2, seed=seed))
+        for layer in range(2):
+            self.memory.update(layer, self.pushes[-1] * (layer + 1))
+
+    @invariant()
+    def matches_recomputing_from_scratch(self):
+        if not self.pushes:
+            assert self.memory.context(0) is None
+            return
+        states = torch.cat(self.pushes, 1)
+        totals = torch.tensor([p.shape[1] for p in self.pushes]).cumsum(0).tolist()
+        cuts = [0] + [max(0, t - self.M) for t in totals]
+        pooled = [_mean_pool_by_hand(states[:, a:b], self.rate)
+                  for a, b in zip(cuts, cuts[1:]) if b > a]
+        parts = ([torch.cat(pooled, 1)[:, -self.C:]] if pooled else []) + [
+            states[:, max(0, states.shape[1] - self.M):]]
+        for layer in range(2):
+            torch.testing.assert_close(self.memory.context(layer), torch.cat(parts, 1) * (layer + 1))
+            assert sum(self.memory.slots(layer)) <= self.M + self.C
+
+
+TestSegmentMemoryMachine = SegmentMemoryMachine.TestCase
+
+
+def test_segment_memory_and_attention_reject_bad_arguments():
+    with pytest.raises(ValueError, match="mem_len"):
+        SegmentMemory(1, -1)
+    with pytest.raises(ValueError, match="d_model"):
+        RelativeSegmentAttention(10, 4)
+    with pytest.raises(ValueError, match="memory has 1 layers"):
+        run_segments(_stack(2), randn(1, 4, 8, dtype=torch.float64), 2, SegmentMemory(1, 2))
+    with pytest.raises(ValueError, match="segment_len"):
+        run_segments(_stack(1), randn(1, 4, 8, dtype=torch.float64), 0)
 
 
 def _sdpa_over_prefixes(q, k, v, seqlens):
