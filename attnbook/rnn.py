@@ -1,10 +1,11 @@
 """Attention in recurrent encoder-decoders: Bahdanau, Luong (global and local),
-coverage, decoding.
+coverage, location-aware attention, decoding.
 
 Papers: Bahdanau, Cho & Bengio (2015) for additive attention over a bidirectional RNN
 encoder; Luong, Pham & Manning (2015) for the dot / general / concat scores, input
 feeding and local attention (local-m, local-p); Tu et al. (2016) and See, Liu & Manning
-(2017) for coverage.
+(2017) for coverage; Chorowski et al. (2015) for location-aware attention in speech
+recognition.
 
 Shapes in this module are per decoder step: a query is ``(B, Dq)`` (one decoder state
 per example), the keys are the encoder states ``(B, S, Dk)``, the source mask is ``(B,
@@ -39,6 +40,11 @@ __all__ = [
     "coverage_loss",
     "accumulated_coverage",
     "repeated_attention",
+    "LocationAwareAttention",
+    "RepeatedSegments",
+    "repeated_segments",
+    "weight_on_target",
+    "train_aligner",
     "Decoded",
     "Seq2Seq",
     "sequence_loss",
@@ -355,6 +361,211 @@ def repeated_attention(
     if tgt_mask is not None:
         weights = weights * tgt_mask.unsqueeze(-1)
     return torch.relu(weights.sum(1) - 1).sum(-1)
+
+
+# --------------------------------------------------------------------------------------
+# Location-aware attention (speech)
+# --------------------------------------------------------------------------------------
+class LocationAwareAttention(nn.Module):
+    r"""Location-aware attention (Chorowski et al., 2015): the score also sees where the
+    previous step attended.
+
+    .. math::
+
+        f_i = F * \alpha_{i-1}, \qquad
+        e_{ij} = w^\top \tanh(W s_{i-1} + V h_j + U f_{ij} + b), \qquad
+        \alpha_i = \operatorname{softmax}_j(e_{ij})
+
+    ``F`` is a 1-D convolution with ``n_filters`` filters of odd width ``kernel_size``
+    (zero padding, so ``f_i`` has one ``n_filters``-vector per frame ``j``): ``f_{ij}``
+    describes the previous alignment around frame ``j``. ``W``: ``(H, Dq)``, ``V``:
+    ``(H, Dk)``, ``U``: ``(H, n_filters)``, ``w`` and ``b``: ``(H,)``. With ``U = 0``
+    (or ``location=False``, which has no ``U`` and no ``F``) it is the content-only
+    additive score of :class:`BahdanauAttention` plus a bias ``b``. Identical frames get
+    identical content scores whatever the parameters; ``U f_{ij}`` differs between them,
+    which is what lets the alignment pick the copy just after the previous one.
+    """
+
+    def __init__(
+        self,
+        query_dim: int,
+        key_dim: int,
+        hidden_dim: int,
+        n_filters: int = 4,
+        kernel_size: int = 15,
+        location: bool = True,
+    ):
+        super().__init__()
+        if kernel_size < 1 or kernel_size % 2 == 0:
+            raise ValueError(f"kernel_size must be odd and >= 1, got {kernel_size}")
+        self.query_dim, self.key_dim, self.location = query_dim, key_dim, location
+        self.W = nn.Linear(query_dim, hidden_dim, bias=False)
+        self.V = nn.Linear(key_dim, hidden_dim, bias=False)
+        if location:
+            self.F = nn.Conv1d(
+                1, n_filters, kernel_size, padding=kernel_size // 2, bias=False
+            )
+            self.U = nn.Linear(n_filters, hidden_dim, bias=False)
+        self.b = nn.Parameter(torch.zeros(hidden_dim))
+        bound = 1 / math.sqrt(hidden_dim)
+        self.w = nn.Parameter(torch.empty(hidden_dim).uniform_(-bound, bound))
+
+    def scores(
+        self,
+        query: torch.Tensor,
+        keys_proj: torch.Tensor,
+        prev_weights: torch.Tensor,
+    ) -> torch.Tensor:
+        """Scores ``(B, S)`` from ``query`` ``(B, Dq)``, ``keys_proj = V(keys)`` ``(B,
+        S, H)`` and the previous alignment ``(B, S)``."""
+        hidden = self.W(query).unsqueeze(1) + keys_proj + self.b  # (B, S, H)
+        if self.location:
+            f = self.F(prev_weights.unsqueeze(1)).transpose(1, 2)  # (B, S, n_filters)
+            hidden = hidden + self.U(f)
+        return torch.tanh(hidden) @ self.w
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        prev_weights: torch.Tensor | None = None,
+        keys_proj: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        r"""``query`` ``(B, Dq)``, ``keys`` ``(B, S, Dk)``, ``prev_weights``
+        :math:`\alpha_{i-1}` ``(B, S)``; ``None`` means the alignment starts on the
+        first frame (a one-hot on frame 0). Returns ``(context (B, Dk), weights (B,
+        S))``."""
+        _check_step_inputs(query, keys, mask, self.query_dim, self.key_dim)
+        if prev_weights is None:
+            prev_weights = torch.zeros_like(keys[..., 0])
+            prev_weights[:, 0] = 1.0
+        elif prev_weights.shape != keys.shape[:2]:
+            raise ValueError(
+                f"prev_weights must have shape (B, S) = {tuple(keys.shape[:2])}, got "
+                f"{tuple(prev_weights.shape)}"
+            )
+        keys_proj = self.V(keys) if keys_proj is None else keys_proj
+        return _attend(self.scores(query, keys_proj, prev_weights), keys, mask)
+
+    def align(
+        self,
+        queries: torch.Tensor,
+        keys: torch.Tensor,
+        mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run the alignment through ``T`` steps, each fed its own previous weights:
+        ``queries`` ``(B, T, Dq)`` -> weights ``(B, T, S)``. Step 0 starts from the
+        first frame."""
+        keys_proj, prev, steps = self.V(keys), None, []
+        for t in range(queries.shape[1]):
+            _, prev = self(queries[:, t], keys, mask, prev, keys_proj)
+            steps.append(prev)
+        return torch.stack(steps, 1)
+
+
+class RepeatedSegments(NamedTuple):
+    """A batch of :func:`repeated_segments`: ``frames`` ``(B, S, D)``, ``mask`` ``(B,
+    S)``, ``queries`` ``(B, T, n_symbols)`` one-hot, ``alignment`` ``(B, T, S)`` bool
+    (the frames of the symbol spelled at step ``t``)."""
+
+    frames: torch.Tensor
+    mask: torch.Tensor
+    queries: torch.Tensor
+    alignment: torch.Tensor
+
+
+def repeated_segments(
+    n: int,
+    repeats: int,
+    *,
+    word_len: int = 3,
+    n_symbols: int = 5,
+    dim: int = 8,
+    frames_per_symbol: tuple[int, int] = (2, 4),
+    noise: float = 0.3,
+    generator: torch.Generator | None = None,
+) -> RepeatedSegments:
+    """A speech-like alignment task: a word of ``word_len`` symbols repeated ``repeats``
+    times, each symbol held for a few noisy frames.
+
+    Every symbol has a fixed random prototype in ``R^dim`` (the same in every call);
+    a frame is its symbol's prototype plus Gaussian noise of standard deviation
+    ``noise``. Neighbouring symbols differ, so segment boundaries are visible, but every
+    symbol occurs ``repeats`` times: content alone cannot tell the copies apart. The
+    ``T = word_len * repeats`` queries are the symbols to find, in order.
+    """
+    if n_symbols < 3 or word_len < 2:
+        raise ValueError("need n_symbols >= 3 and word_len >= 2")
+    prototypes = torch.randn(n_symbols, dim, generator=torch.Generator().manual_seed(0))
+    lo, hi = frames_per_symbol
+    T = word_len * repeats
+    examples = []
+    for _ in range(n):
+        word = [int(torch.randint(n_symbols, (1,), generator=generator))]
+        while len(word) < word_len:  # no symbol next to itself, also across copies
+            s = int(torch.randint(n_symbols, (1,), generator=generator))
+            if s != word[-1] and (len(word) < word_len - 1 or s != word[0]):
+                word.append(s)
+        spelled = torch.tensor(word * repeats)
+        durations = torch.randint(lo, hi + 1, (T,), generator=generator)
+        examples.append((spelled, durations))
+    S = max(int(d.sum()) for _, d in examples)
+    frames = torch.zeros(n, S, dim)
+    alignment = torch.zeros(n, T, S, dtype=torch.bool)
+    for i, (spelled, durations) in enumerate(examples):
+        ends = durations.cumsum(0)
+        for t, (start, end) in enumerate(
+            zip((ends - durations).tolist(), ends.tolist())
+        ):
+            alignment[i, t, start:end] = True
+        length = int(ends[-1])
+        symbol_of_frame = spelled.repeat_interleave(durations)
+        frames[i, :length] = prototypes[symbol_of_frame] + noise * torch.randn(
+            length, dim, generator=generator
+        )
+    mask = alignment.any(1)
+    queries = nn.functional.one_hot(
+        torch.stack([s for s, _ in examples]), n_symbols
+    ).float()
+    return RepeatedSegments(frames, mask, queries, alignment)
+
+
+def weight_on_target(weights: torch.Tensor, alignment: torch.Tensor) -> torch.Tensor:
+    """Mean attention weight on the right frames: ``weights`` and ``alignment`` ``(B, T,
+    S)`` -> scalar in ``[0, 1]`` (1 = every step reads only its own segment)."""
+    return (weights * alignment).sum(-1).mean()
+
+
+def train_aligner(
+    attention: LocationAwareAttention,
+    task: RepeatedSegments,
+    *,
+    steps: int = 100,
+    batch_size: int = 32,
+    lr: float = 1e-2,
+    seed: int = 0,
+) -> list[float]:
+    """Train an alignment with Adam. As in a speech recognizer, every step is fed the
+    model's *own* previous weights (:meth:`LocationAwareAttention.align`); the loss is
+    ``-log`` of the weight step ``t`` puts on the frames of segment ``t``, averaged
+    over the steps. Returns the loss of every update."""
+    order = torch.randperm(
+        len(task.frames), generator=torch.Generator().manual_seed(seed)
+    )
+    optimizer = torch.optim.Adam(attention.parameters(), lr=lr)
+    losses = []
+    with single_thread():
+        for step in range(steps):
+            i = order[(step * batch_size + torch.arange(batch_size)) % len(order)]
+            w = attention.align(task.queries[i], task.frames[i], task.mask[i])
+            on_target = (w * task.alignment[i]).sum(-1)
+            loss = -on_target.clamp_min(1e-9).log().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+    return losses
 
 
 # --------------------------------------------------------------------------------------

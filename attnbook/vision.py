@@ -429,13 +429,13 @@ def conv_as_attention(
       a, b]``, and adds ``bias``.
 
     Each head shifts the image by one offset and ``out_proj`` sums the shifted copies
-    with the kernel's
-    weights: exactly a (cross-correlation) convolution. ``weight``: ``(C_out, C_in, k_h,
-    k_w)`` with odd ``k_h, k_w``. Pixels whose offset falls outside the image have
-    nothing to attend to there, so the output equals ``F.conv2d(x, weight, bias)`` on
-    the interior (``H - k_h + 1`` by ``W - k_w + 1``); to get ``padding="same"``
-    zero-pad the input first (the zeros become tokens). The off-peak weights are
-    ``e^{-peak}`` each: a large ``peak`` makes the equality exact in floating point.
+    with the kernel's weights: exactly a (cross-correlation) convolution. ``weight``:
+    ``(C_out, C_in, k_h, k_w)`` with odd ``k_h, k_w``. Pixels whose offset falls outside
+    the image have nothing to attend to there, so the output equals ``F.conv2d(x,
+    weight, bias)`` on the interior (``H - k_h + 1`` by ``W - k_w + 1``); to get
+    ``padding="same"`` zero-pad the input first (the zeros become tokens). The
+    off-peak weights are ``e^{-peak}`` each: a large ``peak`` makes the equality exact
+    in floating point.
     """
     if weight.dim() != 4 or weight.shape[-2] % 2 != 1 or weight.shape[-1] % 2 != 1:
         raise ValueError(

@@ -10,6 +10,8 @@ import torch
 
 from attnbook import data, rnn
 from attnbook.core import additive_score
+from hypothesis import given
+from hypothesis import strategies as st
 
 
 def _set(param: torch.Tensor, value) -> None:
@@ -114,6 +116,8 @@ MODULES = [
     lambda: rnn.LuongAttention(4, 6, "general"),
     lambda: rnn.LuongAttention(4, 6, "concat"),
     lambda: rnn.LocalAttention(4, 6, window=2, mode="local-p"),
+    lambda: rnn.LocationAwareAttention(4, 6, 5, n_filters=3, kernel_size=3),
+    lambda: rnn.LocationAwareAttention(4, 6, 5, location=False),
 ]
 
 
@@ -199,6 +203,136 @@ def test_seq2seq_coverage_accumulates_its_own_weights(gen):
     out = model(src, mask, torch.randint(3, 6, (2, 4), generator=gen))
     assert torch.allclose(out.coverage, rnn.accumulated_coverage(out.weights), atol=1e-6)
     assert (out.coverage[:, 0] == 0).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Location-aware attention
+# ---------------------------------------------------------------------------------------------
+def _location_scores_by_loops(attn, query, keys, prev):
+    """e_ij = w . tanh(W s + V h_j + U f_ij + b), f_ij[c] = sum_t F[c, t] prev[j + t - K//2]."""
+    B, S = prev.shape
+    K = attn.F.kernel_size[0]
+    filters = attn.F.weight[:, 0]  # (n_filters, K)
+    scores = torch.zeros(B, S)
+    for b in range(B):
+        for j in range(S):
+            f = torch.zeros(filters.shape[0])
+            for t in range(K):
+                if 0 <= j + t - K // 2 < S:
+                    f = f + filters[:, t] * prev[b, j + t - K // 2]
+            hidden = attn.W.weight @ query[b] + attn.V.weight @ keys[b, j] + attn.U.weight @ f + attn.b
+            scores[b, j] = attn.w @ torch.tanh(hidden)
+    return scores
+
+
+@given(B=st.integers(1, 3), S=st.integers(1, 9), K=st.sampled_from([1, 3, 5, 7]), seed=st.integers(0, 99))
+def test_location_aware_scores_match_loops(B, S, K, seed):
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    attn = rnn.LocationAwareAttention(3, 4, 5, n_filters=2, kernel_size=K)
+    with torch.no_grad():
+        attn.b.normal_(generator=g)
+    q, k = torch.randn(B, 3, generator=g), torch.randn(B, S, 4, generator=g)
+    prev = torch.rand(B, S, generator=g).softmax(-1)
+    with torch.no_grad():
+        got = attn.scores(q, attn.V(k), prev)
+        _, w = attn(q, k, None, prev)
+    expected = _location_scores_by_loops(attn, q, k, prev)
+    assert torch.allclose(got, expected, atol=1e-5)
+    assert torch.allclose(w, expected.softmax(-1), atol=1e-5)
+
+
+def test_location_aware_shapes_mask_and_padding(gen):
+    torch.manual_seed(0)
+    attn = rnn.LocationAwareAttention(4, 6, 5, n_filters=3, kernel_size=5)
+    B, T, S = 3, 4, 7
+    keys = torch.randn(B, S, 6, generator=gen)
+    lengths = torch.tensor([7, 5, 2])
+    mask = torch.arange(S)[None, :] < lengths[:, None]
+    queries = torch.randn(B, T, 4, generator=gen)
+    with torch.no_grad():
+        ctx, w = attn(queries[:, 0], keys, mask)
+        weights = attn.align(queries, keys, mask)
+        # the padded frames are invisible: the short example alone aligns the same way
+        alone = attn.align(queries[2:], keys[2:, :2], mask[2:, :2])
+    assert ctx.shape == (B, 6) and w.shape == (B, S) and weights.shape == (B, T, S)
+    assert (weights[~mask.unsqueeze(1).expand(-1, T, -1)] == 0).all()
+    assert torch.allclose(weights.sum(-1), torch.ones(B, T), atol=1e-6)
+    assert torch.allclose(alone, weights[2:, :, :2], atol=1e-6)
+    # step 0 starts from a one-hot on the first frame
+    start = torch.zeros(B, S)
+    start[:, 0] = 1.0
+    with torch.no_grad():
+        assert torch.allclose(attn(queries[:, 0], keys, mask, start)[1], w)
+
+
+def test_location_aware_with_U_zero_is_additive_attention(gen):
+    torch.manual_seed(0)
+    attn = rnn.LocationAwareAttention(4, 6, 5)
+    content = rnn.LocationAwareAttention(4, 6, 5, location=False)
+    content.load_state_dict({k: v for k, v in attn.state_dict().items() if k in content.state_dict()})
+    with torch.no_grad():
+        attn.U.weight.zero_()
+    q, k = torch.randn(3, 4, generator=gen), torch.randn(3, 8, 6, generator=gen)
+    prev = torch.rand(3, 8, generator=gen).softmax(-1)
+    expected = additive_score(q.unsqueeze(1), k, attn.W.weight, attn.V.weight, attn.w).squeeze(1)
+    with torch.no_grad():
+        assert torch.allclose(attn.scores(q, attn.V(k), prev), expected, atol=1e-6)
+        assert torch.allclose(content(q, k, None, prev)[1], expected.softmax(-1), atol=1e-6)
+        # content only: identical frames get identical weights, whatever came before
+        k[:, 5] = k[:, 2]
+        w = content(q, k, None, prev)[1]
+    assert torch.allclose(w[:, 5], w[:, 2])
+
+
+def test_location_aware_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="kernel_size"):
+        rnn.LocationAwareAttention(2, 2, 3, kernel_size=4)
+    with pytest.raises(ValueError, match="prev_weights"):
+        rnn.LocationAwareAttention(2, 2, 3)(torch.zeros(1, 2), torch.zeros(1, 3, 2), None, torch.zeros(1, 4))
+
+
+def test_repeated_segments_partition_the_frames_in_order(gen):
+    task = rnn.repeated_segments(20, 3, word_len=3, n_symbols=4, generator=gen)
+    B, T, S = task.alignment.shape
+    assert T == 9 and task.queries.shape == (B, T, 4) and task.frames.shape[:2] == (B, S)
+    symbols = task.queries.argmax(-1)
+    assert (symbols[:, 1:] != symbols[:, :-1]).all()  # neighbours differ
+    assert torch.equal(symbols[:, :3].repeat(1, 3), symbols)  # the word, repeated
+    for b in range(B):
+        frames = [torch.nonzero(task.alignment[b, t]).flatten().tolist() for t in range(T)]
+        flat = [j for seg in frames for j in seg]
+        assert flat == list(range(int(task.mask[b].sum())))  # contiguous, in order, all real frames
+        assert all(2 <= len(seg) <= 4 for seg in frames)
+    assert (task.frames[~task.mask] == 0).all()
+    # the prototypes are the same in every call: frames of one symbol sit near each other
+    other = rnn.repeated_segments(5, 2, n_symbols=4, noise=0.0, generator=gen)
+    proto = {int(s): other.frames[0, other.alignment[0, t]][0] for t, s in enumerate(other.queries[0].argmax(-1))}
+    for t, s in enumerate(symbols[0].tolist()):
+        if s in proto:
+            assert (task.frames[0, task.alignment[0, t]] - proto[s]).abs().max() < 2.0
+
+
+def test_weight_on_target_hand_computed():
+    w = torch.tensor([[[0.5, 0.5, 0.0], [0.1, 0.2, 0.7]]])
+    a = torch.tensor([[[True, False, False], [False, True, True]]])
+    assert rnn.weight_on_target(w, a).item() == pytest.approx((0.5 + 0.9) / 2)
+
+
+def test_location_aware_alignment_learns_to_move_forward():
+    """A short training run: location lets the alignment pick the right copy of a repeated
+    word; content alone splits its weight between the copies."""
+    task = rnn.repeated_segments(128, 3, generator=torch.Generator().manual_seed(0))
+    test = rnn.repeated_segments(50, 3, generator=torch.Generator().manual_seed(1))
+    result = {}
+    for location in (False, True):
+        torch.manual_seed(0)
+        attn = rnn.LocationAwareAttention(5, 8, 32, location=location)
+        losses = rnn.train_aligner(attn, task, steps=80)
+        assert losses[-1] < losses[0]
+        with torch.no_grad():
+            result[location] = rnn.weight_on_target(attn.align(test.queries, test.frames, test.mask), test.alignment)
+    assert result[False] < 0.4 < 0.8 < result[True]
 
 
 # ---------------------------------------------------------------------------------------------
