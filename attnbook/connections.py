@@ -3,9 +3,12 @@ state-space models.
 
 Each block below isolates one way of looking at attention ``out = A(X) V(X)``:
 
+* **depth as recurrence**: one block applied ``L`` times, the parameter sharing of the
+  Universal Transformer (Dehghani et al., 2019) and ALBERT (Lan et al., 2020);
 * **who makes the weights** A: a synthesizer (Tay et al., 2021) predicts them from each
   token alone (dense) or learns them outright (random); attention is a hypernetwork that
-  *writes a linear layer* from the input;
+  *writes a linear layer* from the input; a dynamic convolution (Wu et al., 2019)
+  predicts a local kernel from each token;
 * **how the weights are normalized**: capsule routing by agreement (Sabour et al., 2017)
   lets the outputs compete for each input instead of the inputs competing for each
   output;
@@ -32,9 +35,11 @@ from torch import nn
 from .core import masked_softmax
 
 __all__ = [
+    "SharedLayerStack",
     "DenseSynthesizer",
     "RandomSynthesizer",
     "attention_as_linear_map",
+    "dynamic_convolution",
     "squash",
     "dynamic_routing",
     "hopfield_update",
@@ -63,6 +68,48 @@ def _check_seq(name: str, x: torch.Tensor, dim: int | None = None) -> None:
         raise ValueError(
             f"{name} must have shape {want}, got {tuple(getattr(x, 'shape', ()))}"
         )
+
+
+# --------------------------------------------------------------------------------------
+# Depth as recurrence: one block, applied L times
+# --------------------------------------------------------------------------------------
+class SharedLayerStack(nn.Module):
+    r"""One block applied ``n_layers`` times: a stack whose layers share their
+    parameters (Universal Transformer, Dehghani et al., 2019; ALBERT, Lan et al., 2020).
+
+    .. math:: h^{(l)} = f_\theta\big(h^{(l-1)}\big), \qquad l = 1, \dots, L
+
+    with the *same* parameters :math:`\theta` at every depth, where an ordinary stack
+    has :math:`\theta_1, \dots, \theta_L`. The stack holds the parameters of one block
+    (``L`` times fewer) and costs the same compute as ``L`` blocks: it is an RNN over
+    depth. The gradient of :math:`\theta` is the sum of the gradients its ``L`` uses
+    receive (back-propagation through depth).
+
+    ``forward(x, *args, return_states=False, **kwargs)`` calls ``block(x, *args,
+    **kwargs)`` ``n_layers`` times; with ``return_states=True`` it also returns the
+    stacked states ``(n_layers + 1, *x.shape)``, ``h^(0) = x`` first. Iterating the
+    stack yields ``block`` ``n_layers`` times and ``len`` is ``n_layers``, so it can
+    replace a model's ``nn.ModuleList`` of blocks (e.g. ``TinyGPT.blocks``).
+    """
+
+    def __init__(self, block: nn.Module, n_layers: int):
+        super().__init__()
+        if not isinstance(n_layers, int) or n_layers < 1:
+            raise ValueError(f"n_layers must be a positive integer, got {n_layers!r}")
+        self.block, self.n_layers = block, n_layers
+
+    def __len__(self) -> int:
+        return self.n_layers
+
+    def __iter__(self):
+        return iter([self.block] * self.n_layers)
+
+    def forward(self, x: torch.Tensor, *args, return_states: bool = False, **kwargs):
+        states = [x]
+        for _ in range(self.n_layers):
+            x = self.block(x, *args, **kwargs)  # the same parameters at every depth
+            states.append(x)
+        return (x, torch.stack(states)) if return_states else x
 
 
 # --------------------------------------------------------------------------------------
@@ -164,9 +211,9 @@ def attention_as_linear_map(
     .. math:: M = A \otimes W_v^\top \in \mathbb{R}^{n d_v \times n d},
 
     a matrix of ``n x n`` blocks, block ``(i, j)`` being ``A_ij W_v^T``: one
-    non-negative scalar per pair of positions, shared by every feature (the notes'
-    "non-negative, sparse, shared" weights). ``A`` is computed from ``x`` (the
-    hypernetwork), ``M`` then acts on ``x`` as an ordinary layer. Returns ``(M, A)``.
+    non-negative scalar per pair of positions, shared by every feature. ``A`` is
+    computed from ``x`` (the hypernetwork), ``M`` then acts on ``x`` as an ordinary
+    layer. Returns ``(M, A)``.
     """
     if (
         x.dim() != 2
@@ -181,6 +228,58 @@ def attention_as_linear_map(
         )
     A = torch.softmax((x @ w_q) @ (x @ w_k).T / math.sqrt(w_q.shape[1]), dim=-1)
     return torch.kron(A, w_v.T.contiguous()), A
+
+
+def dynamic_convolution(
+    x: torch.Tensor,
+    kernel_proj,
+    window: int,
+    heads: int,
+    *,
+    return_weights: bool = False,
+):
+    r"""Causal dynamic convolution (Wu et al., 2019): a depthwise convolution whose
+    kernel each token predicts for itself.
+
+    For token ``i`` a linear map predicts ``heads`` kernels of width ``k = window``,
+    normalized by a softmax over the window, and channel ``c`` (in group ``h = c //
+    (d / heads)``) mixes the last ``k`` positions with its group's kernel:
+
+    .. math:: W_{i,h,:} = \operatorname{softmax}\big(f(x_i)_{h,:}\big), \qquad
+              \mathrm{out}_{i,c} = \sum_{j=0}^{k-1} W_{i,h,j}\; x_{i-k+1+j,\,c}
+
+    Positions before the start are zeros (the softmax still runs over all ``k``
+    weights), so the weight on ``x_i`` itself is ``W[..., i, k-1]``. The weights are
+    attention-like (non-negative, summing to 1 over a local window) but computed from
+    the query token alone, with no keys: the weight of a neighbour depends on its
+    *offset*, not its content. The ``heads`` groups share one kernel across their
+    ``d / heads`` channels. A kernel that ignores ``x`` gives the lightweight
+    convolution of the same paper.
+
+    ``x``: ``(B, n, d)`` with ``d`` divisible by ``heads``; ``kernel_proj``: a callable
+    (e.g. ``nn.Linear(d, heads * window)``) mapping ``(B, n, d)`` to ``(B, n, heads *
+    window)``. Returns ``out`` ``(B, n, d)``, and with ``return_weights=True`` also the
+    kernels ``(B, heads, n, window)``, entry ``j`` weighting position ``i - window + 1 +
+    j``.
+    """
+    _check_seq("x", x)
+    B, n, d = x.shape
+    if not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be a positive integer, got {window!r}")
+    if not isinstance(heads, int) or heads < 1 or d % heads:
+        raise ValueError(f"heads must be a positive divisor of d={d}, got {heads!r}")
+    logits = kernel_proj(x)
+    if logits.shape != (B, n, heads * window):
+        raise ValueError(
+            f"kernel_proj(x) must have shape (B, n, heads * window) = "
+            f"({B}, {n}, {heads * window}), got {tuple(logits.shape)}"
+        )
+    weights = torch.softmax(logits.reshape(B, n, heads, window), dim=-1)
+    padded = F.pad(x, (0, 0, window - 1, 0))  # zeros before the first position
+    # windows[b, i, c, j] = x[b, i - window + 1 + j, c]
+    windows = padded.unfold(1, window, 1).reshape(B, n, heads, d // heads, window)
+    out = (windows * weights.unsqueeze(3)).sum(-1).reshape(B, n, d)
+    return (out, weights.transpose(1, 2)) if return_weights else out
 
 
 # --------------------------------------------------------------------------------------
@@ -279,10 +378,11 @@ def hopfield_retrieve(
     """Iterate :func:`hopfield_update` until the state moves less than ``tol`` (max abs
     change).
 
-    Returns ``(fixed point (..., L, d), number of updates made)``. With a large ``beta``
-    and well-separated patterns it converges in one or two updates to (almost exactly)
-    the stored pattern nearest to the query; with a small ``beta`` to an average of
-    several patterns.
+    Returns ``(fixed point (..., L, d), number of updates made)``, the count including
+    the last update, the one that moved less than ``tol``. With a large ``beta`` and
+    well-separated patterns the first update already lands close to the stored pattern
+    nearest to the query and the later ones only refine it; with a small ``beta`` the
+    state converges to an average of several patterns (a metastable state).
     """
     xi = query
     for step in range(1, max_iter + 1):

@@ -5,6 +5,8 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from hypothesis import given
+from hypothesis import strategies as st
 
 from attnbook import connections as C
 from attnbook.core import causal_mask, scaled_dot_product_attention
@@ -59,6 +61,155 @@ def test_attention_is_a_data_dependent_linear_layer(gen):
             torch.testing.assert_close(M[i * dv:(i + 1) * dv, j * d:(j + 1) * d], A[i, j] * wv.T)
     M2, _ = C.attention_as_linear_map(2 * x, wq, wk, wv)
     assert not torch.allclose(M, M2)  # a different input writes a different layer
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameter sharing across layers
+# ---------------------------------------------------------------------------------------------
+def _mlp_block(gen, d=5):
+    block = torch.nn.Sequential(torch.nn.Linear(d, d), torch.nn.Tanh())
+    with torch.no_grad():
+        for p in block.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen, dtype=p.dtype))
+    return block
+
+
+@pytest.mark.parametrize("n_layers", [1, 4])
+def test_shared_stack_is_one_block_applied_n_times(gen, n_layers):
+    block = _mlp_block(gen)
+    stack = C.SharedLayerStack(block, n_layers)
+    x = torch.randn(3, 5, generator=gen)
+    expected, states = x, [x]
+    for _ in range(n_layers):
+        expected = block(expected)
+        states.append(expected)
+    out, got_states = stack(x, return_states=True)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(got_states, torch.stack(states))
+    assert len(stack) == n_layers and all(b is block for b in stack)
+    assert sum(p.numel() for p in stack.parameters()) == sum(p.numel() for p in block.parameters())
+
+
+def test_shared_stack_gradient_is_the_sum_over_depths(gen):
+    """Back-propagation through depth: unsharing the block into L copies and adding their
+    gradients gives the shared block's gradient."""
+    import copy
+
+    block = _mlp_block(gen)
+    x = torch.randn(4, 5, generator=gen)
+    C.SharedLayerStack(block, 3)(x).square().sum().backward()
+    copies = [copy.deepcopy(block) for _ in range(3)]
+    for c in copies:
+        c.zero_grad()
+    torch.nn.Sequential(*copies)(x).square().sum().backward()
+    for name, p in block.named_parameters():
+        total = sum(dict(c.named_parameters())[name].grad for c in copies)
+        torch.testing.assert_close(p.grad, total)
+
+
+def test_shared_stack_replaces_a_models_blocks(gen):
+    from attnbook.models import TinyEncoder, TransformerConfig
+
+    torch.manual_seed(0)
+    model = TinyEncoder(TransformerConfig(vocab_size=7, d_model=16, n_heads=2, n_layers=1))
+    idx = torch.randint(0, 7, (2, 6), generator=gen)
+    block = model.blocks[0]
+    with torch.no_grad():
+        h = model.tok_emb(idx)
+        for _ in range(3):
+            h = block(h)
+        expected = model.head(model.ln_f(h))
+        model.blocks = C.SharedLayerStack(block, 3)
+        torch.testing.assert_close(model(idx), expected)
+        _, weights = model(idx, return_weights=True)
+    assert weights.shape == (3, 2, 2, 6, 6)
+
+
+def test_shared_stack_validates_n_layers():
+    with pytest.raises(ValueError, match="n_layers"):
+        C.SharedLayerStack(torch.nn.Identity(), 0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Dynamic convolution
+# ---------------------------------------------------------------------------------------------
+def _dynamic_convolution_reference(x, kernel_proj, window, heads):
+    """The definition, one output number at a time: channel c of token i mixes positions
+    i - window + 1 .. i (zeros before the start) with the softmax of its group's kernel."""
+    B, n, d = x.shape
+    out = torch.zeros_like(x)
+    kernels = torch.zeros(B, heads, n, window, dtype=x.dtype)
+    for b in range(B):
+        for i in range(n):
+            logits = kernel_proj(x[b, i]).view(heads, window)
+            for h in range(heads):
+                kernels[b, h, i] = torch.exp(logits[h]) / torch.exp(logits[h]).sum()
+            for c in range(d):
+                h = c // (d // heads)
+                for j in range(window):
+                    source = i - window + 1 + j
+                    if source >= 0:
+                        out[b, i, c] += kernels[b, h, i, j] * x[b, source, c]
+    return out, kernels
+
+
+@given(
+    batch=st.integers(1, 2),
+    n=st.integers(1, 7),
+    heads=st.integers(1, 3),
+    per_head=st.integers(1, 3),
+    window=st.integers(1, 9),
+)
+def test_dynamic_convolution_matches_the_definition(batch, n, heads, per_head, window):
+    g = torch.Generator().manual_seed(n * 100 + heads * 10 + window)
+    d = heads * per_head
+    x = torch.randn(batch, n, d, generator=g, dtype=torch.float64)
+    proj = torch.nn.Linear(d, heads * window).double()
+    with torch.no_grad():
+        proj.weight.copy_(torch.randn(proj.weight.shape, generator=g, dtype=torch.float64))
+        out, kernels = C.dynamic_convolution(x, proj, window, heads, return_weights=True)
+        out_ref, kernels_ref = _dynamic_convolution_reference(x, proj, window, heads)
+    torch.testing.assert_close(out, out_ref)
+    torch.testing.assert_close(kernels, kernels_ref)
+    torch.testing.assert_close(kernels.sum(-1), torch.ones(batch, heads, n, dtype=torch.float64))
+
+
+def test_lightweight_convolution_is_a_grouped_conv1d(gen):
+    """A kernel that ignores the token: the same operation as a causal depthwise conv1d
+    whose channels share their group's softmax-normalized kernel."""
+    B, n, d, heads, window = 2, 9, 6, 3, 4
+    logits = torch.randn(heads, window, generator=gen)
+    x = torch.randn(B, n, d, generator=gen)
+    out = C.dynamic_convolution(
+        x, lambda t: logits.reshape(1, 1, -1).expand(*t.shape[:2], -1), window, heads
+    )
+    kernel = torch.softmax(logits, -1).repeat_interleave(d // heads, dim=0)  # (d, window)
+    expected = F.conv1d(F.pad(x.transpose(1, 2), (window - 1, 0)), kernel[:, None], groups=d)
+    torch.testing.assert_close(out, expected.transpose(1, 2))
+
+
+def test_dynamic_convolution_weights_come_from_the_query_alone(gen):
+    proj = torch.nn.Linear(4, 2 * 3)
+    x = torch.randn(1, 8, 4, generator=gen)
+    x2 = x.clone()
+    x2[0, 5] = torch.randn(4, generator=gen)
+    with torch.no_grad():
+        _, w = C.dynamic_convolution(x, proj, 3, 2, return_weights=True)
+        _, w2 = C.dynamic_convolution(x2, proj, 3, 2, return_weights=True)
+    moved = (w - w2).abs().amax(dim=(0, 1, 3)) > 0
+    assert moved.tolist() == [i == 5 for i in range(8)]
+
+
+def test_dynamic_convolution_validates():
+    x = torch.randn(1, 5, 6)
+    with pytest.raises(ValueError, match="heads"):
+        C.dynamic_convolution(x, torch.nn.Linear(6, 8), 2, 4)
+    with pytest.raises(ValueError, match="window"):
+        C.dynamic_convolution(x, torch.nn.Linear(6, 6), 0, 3)
+    with pytest.raises(ValueError, match="kernel_proj"):
+        C.dynamic_convolution(x, torch.nn.Linear(6, 5), 2, 3)
+    with pytest.raises(ValueError, match="x must"):
+        C.dynamic_convolution(torch.randn(5, 6), torch.nn.Linear(6, 6), 2, 3)
 
 
 # ---------------------------------------------------------------------------------------------

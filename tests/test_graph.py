@@ -198,3 +198,13 @@ def test_gnn_models_run_and_validate():
         assert logits.shape == (34, 2) and torch.isfinite(logits).all()
     with pytest.raises(ValueError, match="kind"):
         graph.GNN("mlp", 34, 8, 2)
+
+
+def test_gat_classifier_defaults_to_the_papers_cora_layout():
+    """Velickovic et al. (2018), Cora: 8 heads of 8 features concatenated, then one head."""
+    model = graph.GNN("gat", in_dim=34, hidden=8, n_classes=2)
+    assert (model.layer1.heads, model.layer1.out_dim, model.layer1.concat) == (8, 8, True)
+    assert model.layer2.in_dim == 64 and model.layer2.heads == 1
+    x = torch.eye(34)
+    edge_index = graph.karate_club()["edge_index"]
+    assert model.layer1(x, edge_index).shape == (34, 64)
