@@ -42,7 +42,7 @@ test: book
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile --nbval-lax tests book
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) tests --ignore=tests/test_site.py --ignore=tests/test_course.py
+	$(BIN)/python -m pytest -n $(JOBS) tests --ignore=tests/test_site.py --ignore=tests/test_course.py --ignore=tests/test_outputs.py
 
 student: $(STAMP)
 	$(BIN)/python -m attnbook.course student student

@@ -349,3 +349,29 @@ def test_package_lines_fit_the_page():
             for path in sorted((ROOT / "attnbook").rglob("*.py"))
             for number, line in enumerate(path.read_text().splitlines(), 1) if len(line) > 88]
     assert not long, f"{len(long)} package lines are longer than 88 characters: {long[:10]}"
+
+
+# Text that points at documents a reader never sees: the book cites papers instead.
+UNSEEN_SOURCES = re.compile(
+    r"\b(source|lecture|interview|course) notes\b|\b(the|of the|in the) notes\b|\bnotes'"
+    r"|\bseeds? ?0\d\d\b|\bseeds/|\bsource material\b|\beq\. ?\d+"
+    r"|\b(their|its) (figure|equation|eq\.|table) ?\d+",
+    flags=re.IGNORECASE,
+)
+
+
+def test_the_book_stands_alone():
+    """No chapter, page, docstring or benchmark refers to source notes, seeds or their
+    equation numbers: a reader cannot follow them."""
+    texts = [*sorted((ROOT / "book").glob("*.ipynb")), *sorted((ROOT / "book").glob("*.md")),
+             ROOT / "intro.md", ROOT / "README.md", *sorted((ROOT / "attnbook").rglob("*.py")),
+             *sorted((ROOT / "benchmarks").glob("*"))]
+    hits = []
+    for path in texts:
+        text = path.read_text()
+        if path.suffix == ".ipynb":
+            text = "\n".join("".join(cell["source"]) for cell in json.loads(text)["cells"])
+        for match in UNSEEN_SOURCES.finditer(text):
+            context = text[max(0, match.start() - 40):match.end() + 40].replace("\n", " ")
+            hits.append(f"{path.relative_to(ROOT)}: ...{context}...")
+    assert not hits, f"{len(hits)} references to material the reader never sees:\n" + "\n".join(hits)

@@ -177,6 +177,40 @@ def test_every_built_page_has_no_broken_internal_link(server):
     assert not broken, f"broken internal links or assets: {broken}"
 
 
+def _scrolling_code(browser, server, page: str) -> list:
+    """The ``pre`` blocks of ``page`` wider than their box in a 1280-pixel-wide window, with
+    every collapsed block (hidden solutions, hidden inputs) opened first."""
+    browser.set_window_size(1280, 1000)
+    try:
+        _open(browser, server, page)
+        return browser.execute_script(
+            """document.querySelectorAll('details').forEach(d => { d.open = true; });
+               document.querySelectorAll('.toggle-hidden, .toggle-details__container')
+                 .forEach(e => e.classList.remove('toggle-hidden'));
+               const longest = t => t.split('\\n').reduce((a, l) => l.length > a.length ? l : a, '');
+               return [...document.querySelectorAll('pre')]
+                 .filter(p => p.offsetParent !== null && p.scrollWidth > p.clientWidth + 1)
+                 .map(p => `${p.scrollWidth}px in ${p.clientWidth}px: ${longest(p.innerText).slice(0, 90)}`)"""
+        )
+    finally:
+        browser.set_window_size(1400, 1000)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_code_fits_the_page_at_1280_px(browser, server, page):
+    """Code cells, their outputs and listings show without a horizontal scroll bar."""
+    wide = _scrolling_code(browser, server, page)
+    assert not wide, f"{page}: {len(wide)} code blocks scroll sideways at 1280 px: {wide[:5]}"
+
+
+def test_api_source_pages_fit_the_page_at_1280_px(browser, server):
+    """The API reference's [source] pages show the package's modules: they fit too."""
+    pages = sorted(p.relative_to(HTML).as_posix() for p in (HTML / "_modules").rglob("*.html"))
+    assert len(pages) >= 10, f"expected a [source] page per module, found {pages}"
+    wide = {page: found for page in pages if (found := _scrolling_code(browser, server, page))}
+    assert not wide, f"[source] pages with code that scrolls sideways at 1280 px: {wide}"
+
+
 @pytest.mark.parametrize("page", PAGES)
 def test_every_figure_has_alt_text_or_a_caption(browser, server, page):
     _open(browser, server, page)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import textwrap
 from dataclasses import dataclass
 
 import torch
@@ -134,7 +135,11 @@ class KernelSupport:
             + ("; TRITON_INTERPRET=1 (CPU interpreter)" if self.interpreter else ""),
         ]
         for (kernel, dtype), (backend, why) in self.plans.items():
-            lines.append(f"{kernel + ' ' + dtype + ':':<17} {backend:<6} {why}")
+            head = f"{kernel + ' ' + dtype + ':':<17} {backend:<6} "
+            # fold long reasons under themselves: the report fits 88 columns
+            lines += textwrap.wrap(
+                why, 88, initial_indent=head, subsequent_indent=" " * len(head)
+            )
         return "\n".join(lines)
 
 
