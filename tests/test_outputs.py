@@ -41,6 +41,7 @@ def test_checked_cells_print_their_recorded_output(chapter):
     for cell_id in wanted:
         got = record_outputs.printed_text(ran[cell_id])
         expected = reference[cell_id]
+        assert expected, f"{chapter.name}, cell {cell_id}: a checked cell that prints nothing"
         diff = "\n".join(difflib.unified_diff(expected.splitlines(), got.splitlines(),
                                               "recorded", "executed", lineterm=""))
         assert got == expected, f"{chapter.name}, cell {cell_id} prints something else:\n{diff}"

@@ -6,9 +6,9 @@ Chapters are committed without outputs, so nbval has nothing to compare a
 ``tests/test_outputs.py`` compares it with the chapter as the book build executed it
 (``_build/jupyter_execute``). After changing what a checked cell prints on purpose::
 
-    make book && .venv/bin/python tools/record_outputs.py
+    make book && .venv/bin/python tools/record_outputs.py [EXECUTED_DIR]
 
-then read the diff of ``tests/checked_outputs.json`` before committing it.
+(``EXECUTED_DIR`` defaults to ``_build/jupyter_execute/book``), then read the diff of ``tests/checked_outputs.json`` before committing it.
 """
 
 from __future__ import annotations
@@ -62,8 +62,17 @@ def record(book: Path = ROOT / "book", executed: Path = EXECUTED) -> dict:
     return reference
 
 
-def main() -> int:
-    reference = record()
+def main(argv: list[str]) -> int:
+    executed = Path(argv[0]) if argv else EXECUTED
+    reference = record(executed=executed)
+    empty = [
+        f"{ch}/{cid}"
+        for ch, cells in reference.items()
+        for cid, s in cells.items()
+        if not s
+    ]
+    if empty:
+        raise SystemExit(f"checked cells that print nothing guard nothing: {empty}")
     REFERENCE.write_text(json.dumps(reference, indent=1, ensure_ascii=False) + "\n")
     cells = sum(len(v) for v in reference.values())
     print(f"recorded {cells} checked cells of {len(reference)} chapters in {REFERENCE}")
@@ -71,4 +80,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
