@@ -132,6 +132,7 @@ class _Synthesizer(nn.Module):
         self,
         x: torch.Tensor,
         attn_mask: torch.Tensor | None = None,
+        *,
         return_weights: bool = False,
     ):
         """``attn_mask``: bool, broadcastable to the scores (True = may attend), e.g. a
@@ -143,7 +144,8 @@ class _Synthesizer(nn.Module):
                 f"x has {n} positions but the synthesizer was built for "
                 f"max_len={self.max_len}"
             )
-        weights = masked_softmax(self.scores(x, n), attn_mask).expand(x.shape[0], n, n)
+        weights = masked_softmax(self.scores(x, n), attn_mask=attn_mask)
+        weights = weights.expand(x.shape[0], n, n)
         out = weights @ self.value(x)
         return (out, weights) if return_weights else out
 
@@ -186,6 +188,7 @@ class RandomSynthesizer(_Synthesizer):
         self,
         d_model: int,
         max_len: int,
+        *,
         trainable: bool = True,
         generator: torch.Generator | None = None,
     ):
@@ -285,7 +288,7 @@ def dynamic_convolution(
 # --------------------------------------------------------------------------------------
 # How the weights are normalized: capsule routing by agreement
 # --------------------------------------------------------------------------------------
-def squash(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
+def squash(s: torch.Tensor, *, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
     r"""Capsule nonlinearity :math:`v = \frac{\|s\|^2}{1 + \|s\|^2} \frac{s}{\|s\|}`:
     keeps the direction, length in [0, 1)."""
     sq = (s * s).sum(dim, keepdim=True)
@@ -293,7 +296,7 @@ def squash(s: torch.Tensor, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
 
 
 def dynamic_routing(
-    u_hat: torch.Tensor, n_iter: int = 3
+    u_hat: torch.Tensor, *, n_iter: int = 3
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Routing by agreement (Sabour et al., 2017) between ``n_in`` lower and ``n_out``
     higher capsules.
@@ -328,7 +331,7 @@ def dynamic_routing(
 # Attention as memory retrieval: the modern Hopfield network
 # --------------------------------------------------------------------------------------
 def hopfield_update(
-    query: torch.Tensor, patterns: torch.Tensor, beta: float
+    query: torch.Tensor, patterns: torch.Tensor, *, beta: float
 ) -> torch.Tensor:
     r"""One update of a modern (continuous) Hopfield network (Ramsauer et al., 2021).
 
@@ -350,7 +353,7 @@ def hopfield_update(
 
 
 def hopfield_energy(
-    query: torch.Tensor, patterns: torch.Tensor, beta: float
+    query: torch.Tensor, patterns: torch.Tensor, *, beta: float
 ) -> torch.Tensor:
     r"""The energy the update minimizes, per query row: ``(..., L)``.
 
@@ -371,6 +374,7 @@ def hopfield_energy(
 def hopfield_retrieve(
     query: torch.Tensor,
     patterns: torch.Tensor,
+    *,
     beta: float,
     max_iter: int = 100,
     tol: float = 1e-6,
@@ -386,7 +390,7 @@ def hopfield_retrieve(
     """
     xi = query
     for step in range(1, max_iter + 1):
-        new = hopfield_update(xi, patterns, beta)
+        new = hopfield_update(xi, patterns, beta=beta)
         if (new - xi).abs().max() < tol:
             return new, step
         xi = new
@@ -423,17 +427,19 @@ class GatedMLP(nn.Module):
 
     ``W_s`` is a ``(seq_len, seq_len)`` token-mixing matrix (the only place positions
     interact) initialized to zero with ``b_s = 1``, so at initialization the block is a
-    per-position MLP. ``causal=True`` masks ``W_s`` to its lower triangle. ``x``: ``(B,
-    seq_len, d_model)``.
+    per-position MLP. ``is_causal=True`` masks ``W_s`` to its lower triangle. ``x``:
+    ``(B, seq_len, d_model)``.
     """
 
-    def __init__(self, d_model: int, d_ffn: int, seq_len: int, causal: bool = False):
+    def __init__(
+        self, d_model: int, d_ffn: int, seq_len: int, *, is_causal: bool = False
+    ):
         super().__init__()
         if d_ffn % 2:
             raise ValueError(
                 f"d_ffn must be even (it is split in two halves), got {d_ffn}"
             )
-        self.d_model, self.seq_len, self.causal = d_model, seq_len, causal
+        self.d_model, self.seq_len, self.is_causal = d_model, seq_len, is_causal
         self.norm = nn.LayerNorm(d_model)
         self.proj_in = nn.Linear(d_model, d_ffn)
         self.gate_norm = nn.LayerNorm(d_ffn // 2)
@@ -444,7 +450,7 @@ class GatedMLP(nn.Module):
     def token_mixing(self) -> torch.Tensor:
         """The ``(seq_len, seq_len)`` mixing matrix ``W_s`` actually applied
         (lower-triangular when causal)."""
-        if not self.causal:
+        if not self.is_causal:
             return self.spatial_weight
         return self.spatial_weight.tril()
 
@@ -553,12 +559,16 @@ class DiagonalSSM(nn.Module):
 
     ``a = exp(-exp(log_rate))`` lies in (0, 1), so the recurrence is always stable; the
     rates are initialized log-spaced so that the ``d_state`` modes of a channel cover
-    short and long memories. ``forward(x, mode="convolution" | "recurrent")``: both give
-    the same output.
+    short and long memories. ``forward(x, *, mode="convolution" | "recurrent")``: both
+    give the same output.
     """
 
     def __init__(
-        self, d_model: int, d_state: int = 16, generator: torch.Generator | None = None
+        self,
+        d_model: int,
+        d_state: int = 16,
+        *,
+        generator: torch.Generator | None = None,
     ):
         super().__init__()
         # decay per step from 0.001 to 1
@@ -576,7 +586,7 @@ class DiagonalSSM(nn.Module):
         """The diagonal ``a`` of shape ``(d_model, d_state)``, in (0, 1)."""
         return torch.exp(-torch.exp(self.log_rate))
 
-    def forward(self, x: torch.Tensor, mode: str = "convolution") -> torch.Tensor:
+    def forward(self, x: torch.Tensor, *, mode: str = "convolution") -> torch.Tensor:
         if mode == "convolution":
             y = ssm_convolution(x, self.decay(), self.b, self.c)
         elif mode == "recurrent":
@@ -597,14 +607,15 @@ class TargetAttention(nn.Module):
               \mathrm{interest} = \sum_t w_t h_t
 
     ``history``: ``(B, T, d)`` item embeddings, ``target``: ``(B, d)`` the candidate,
-    ``mask``: bool ``(B, T)`` (True = a real item, False = padding). DIN does **not**
-    normalize the weights (``normalize=False``): the sum keeps how *much* of the history
-    matches, which a softmax would erase (one matching item out of 50 and 50 out of 50
-    would look alike). ``normalize=True`` uses a softmax instead. Returns ``(interest
-    (B, d), weights (B, T))``.
+    ``key_padding_mask``: bool ``(B, T)``, True where the history is padding to ignore
+    (``torch.nn.MultiheadAttention``'s convention; padding gets weight 0). DIN does
+    **not** normalize the weights (``normalize=False``): the sum keeps how *much* of the
+    history matches, which a softmax would erase (one matching item out of 50 and 50
+    out of 50 would look alike). ``normalize=True`` uses a softmax instead. Returns
+    ``(interest (B, d), weights (B, T))``.
     """
 
-    def __init__(self, d: int, hidden: int = 32, normalize: bool = False):
+    def __init__(self, d: int, hidden: int = 32, *, normalize: bool = False):
         super().__init__()
         self.d, self.normalize = d, normalize
         self.mlp = nn.Sequential(
@@ -615,7 +626,8 @@ class TargetAttention(nn.Module):
         self,
         history: torch.Tensor,
         target: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
     ):
         _check_seq("history", history, self.d)
         if target.shape != (history.shape[0], self.d):
@@ -628,10 +640,19 @@ class TargetAttention(nn.Module):
         scores = self.mlp(
             torch.cat([history, e, history - e, history * e], dim=-1)
         ).squeeze(-1)
+        if key_padding_mask is not None and key_padding_mask.shape != scores.shape:
+            raise ValueError(
+                "key_padding_mask must be bool (B, T) = "
+                f"{tuple(scores.shape)} (True = padding), got "
+                f"{tuple(key_padding_mask.shape)}"
+            )
         if self.normalize:
-            weights = masked_softmax(scores, mask)
+            keep = None if key_padding_mask is None else ~key_padding_mask
+            weights = masked_softmax(scores, attn_mask=keep)
+        elif key_padding_mask is None:
+            weights = scores
         else:
-            weights = scores if mask is None else scores.masked_fill(~mask, 0.0)
+            weights = scores.masked_fill(key_padding_mask, 0.0)
         return (weights.unsqueeze(-1) * history).sum(1), weights
 
 
@@ -645,8 +666,9 @@ class AttentionPooling(nn.Module):
         u_w), \quad s = \sum_t \alpha_t h_t
 
     ``u_w`` is a trained "context vector" asking *which positions matter for the task*.
-    ``h``: ``(B, T, d)``, ``mask``: bool ``(B, T)``. Returns ``(s (B, d), alpha (B,
-    T))``; a fully padded sequence gives zeros.
+    ``h``: ``(B, T, d)``, ``key_padding_mask``: bool ``(B, T)``, True where ``h`` is
+    padding to ignore. Returns ``(s (B, d), alpha (B, T))``; a fully padded sequence
+    gives zeros.
     """
 
     def __init__(self, d: int, hidden: int | None = None):
@@ -654,8 +676,9 @@ class AttentionPooling(nn.Module):
         self.proj = nn.Linear(d, hidden or d)
         self.context = nn.Parameter(torch.randn(hidden or d) / math.sqrt(hidden or d))
 
-    def forward(self, h: torch.Tensor, mask: torch.Tensor | None = None):
-        alpha = masked_softmax(torch.tanh(self.proj(h)) @ self.context, mask)
+    def forward(self, h: torch.Tensor, *, key_padding_mask: torch.Tensor | None = None):
+        keep = None if key_padding_mask is None else ~key_padding_mask
+        alpha = masked_softmax(torch.tanh(self.proj(h)) @ self.context, attn_mask=keep)
         return (alpha.unsqueeze(-1) * h).sum(1), alpha
 
 
@@ -699,18 +722,23 @@ class HierarchicalAttentionNetwork(nn.Module):
         B, S, W = docs.shape
         word_mask = docs != self.pad_id  # (B, S, W)
         words, _ = self.word_rnn(self.embed(docs.view(B * S, W)))  # (B*S, W, 2h)
-        sentences, word_weights = self.word_pool(words, word_mask.view(B * S, W))
-        sentence_mask = word_mask.any(-1)  # (B, S)
+        sentences, word_weights = self.word_pool(
+            words, key_padding_mask=~word_mask.view(B * S, W)
+        )
+        sentence_mask = word_mask.any(-1)  # (B, S): sentences with a word
         sentences, _ = self.sentence_rnn(sentences.view(B, S, -1))
-        document, sentence_weights = self.sentence_pool(sentences, sentence_mask)
+        document, sentence_weights = self.sentence_pool(
+            sentences, key_padding_mask=~sentence_mask
+        )
         return self.classify(document), word_weights.view(B, S, W), sentence_weights
 
 
 def coattention(
     a: torch.Tensor,
     b: torch.Tensor,
-    mask_a: torch.Tensor | None = None,
-    mask_b: torch.Tensor | None = None,
+    *,
+    key_padding_mask_a: torch.Tensor | None = None,
+    key_padding_mask_b: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     r"""Parallel co-attention: one affinity matrix, read in both directions.
 
@@ -719,11 +747,12 @@ def coattention(
               \tilde B = \operatorname{softmax}_{\text{rows}}(L^\top)\, A
 
     ``a``: ``(..., n, d)`` (e.g. question words), ``b``: ``(..., m, d)`` (e.g. image
-    regions or context words); ``mask_a`` ``(..., n)`` / ``mask_b`` ``(..., m)``: bool,
-    True = real token. Row ``i`` of ``weights_ab`` says which elements of ``b`` matter
-    to ``a_i``, and vice versa. These are two cross-attentions (scale 1) sharing one
-    score matrix. Returns ``(a_context (..., n, d), b_context (..., m, d), weights_ab
-    (..., n, m), weights_ba (..., m, n))``.
+    regions or context words); ``key_padding_mask_a`` ``(..., n)`` /
+    ``key_padding_mask_b`` ``(..., m)``: bool, True where ``a`` / ``b`` is padding to
+    ignore (``torch.nn.MultiheadAttention``'s convention). Row ``i`` of ``weights_ab``
+    says which elements of ``b`` matter to ``a_i``, and vice versa. These are two
+    cross-attentions (scale 1) sharing one score matrix. Returns ``(a_context (..., n,
+    d), b_context (..., m, d), weights_ab (..., n, m), weights_ba (..., m, n))``.
     """
     if a.shape[-1] != b.shape[-1]:
         raise ValueError(
@@ -731,10 +760,10 @@ def coattention(
             f"{tuple(b.shape)}"
         )
     affinity = a @ b.transpose(-2, -1)
-    weights_ab = masked_softmax(
-        affinity, None if mask_b is None else mask_b.unsqueeze(-2)
+    keep_a, keep_b = (
+        None if m is None else ~m.unsqueeze(-2)
+        for m in (key_padding_mask_a, key_padding_mask_b)
     )
-    weights_ba = masked_softmax(
-        affinity.transpose(-2, -1), None if mask_a is None else mask_a.unsqueeze(-2)
-    )
+    weights_ab = masked_softmax(affinity, attn_mask=keep_b)
+    weights_ba = masked_softmax(affinity.transpose(-2, -1), attn_mask=keep_a)
     return weights_ab @ b, weights_ba @ a, weights_ab, weights_ba

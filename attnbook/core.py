@@ -5,14 +5,14 @@ for the dot and "general" scores; Vaswani et al. (2017) for scaled dot-product a
 multi-head attention; Shazeer (2019) for multi-query and Ainslie et al. (2023) for
 grouped-query attention; Xu et al. (2015) for hard vs soft attention.
 
-Shapes follow ``torch.nn.functional.scaled_dot_product_attention``: queries ``(..., L,
-E)``, keys ``(..., S, E)``, values ``(..., S, Ev)``; masks broadcast to ``(..., L, S)``
-and are either boolean (True = "may attend") or additive floats. Two deliberate
-differences from PyTorch:
-
-* causal masks are aligned **bottom-right** when ``L != S`` (query ``i`` sees keys
-  ``j <= i + S - L``), which is what decoding with a KV cache needs;
-* a query row whose keys are all masked returns zeros (and zero weights), never NaN.
+Shapes, masks and flags follow :mod:`attnbook.contract`, which follows
+``torch.nn.functional.scaled_dot_product_attention``: queries ``(..., L, E)``, keys
+``(..., S, E)``, values ``(..., S, Ev)``; masks broadcast to ``(..., L, S)`` and are
+either boolean (True = "may attend") or additive floats. One deliberate difference from
+PyTorch: causal masks are aligned **bottom-right** when ``L != S`` (query ``i`` sees
+keys ``j <= i + S - L``), which is what decoding with a KV cache needs. A query row
+whose keys are all masked returns zeros (and zero weights), never NaN, as PyTorch's own
+function does too (``tests/test_api.py`` checks both).
 """
 
 from __future__ import annotations
@@ -21,6 +21,15 @@ import math
 
 import torch
 from torch import nn
+
+from .contract import (
+    attention_mask,
+    check_attn_mask,
+    check_dropout,
+    check_float,
+    check_qkv,
+    grouped_kv,
+)
 
 __all__ = [
     "causal_mask",
@@ -36,67 +45,6 @@ __all__ = [
     "hard_attention",
     "MultiHeadAttention",
 ]
-
-
-# --------------------------------------------------------------------------------------
-# Argument checks (errors name the argument and the shapes)
-# --------------------------------------------------------------------------------------
-def _check_float(name: str, t: torch.Tensor) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_floating_point():
-        raise ValueError(f"{name} must be a floating-point tensor, got dtype {t.dtype}")
-
-
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        _check_float(name, t)
-        if t.dim() < 2:
-            raise ValueError(
-                f"{name} must have at least 2 dimensions (..., seq, dim), got shape "
-                f"{tuple(t.shape)}"
-            )
-    if not (q.dtype == k.dtype == v.dtype):
-        raise ValueError(
-            f"q, k and v must share a dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}"
-        )
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            "q and k must have the same last dimension (head_dim), got q "
-            f"{tuple(q.shape)} and k {tuple(k.shape)}"
-        )
-    if k.shape[-2] != v.shape[-2]:
-        raise ValueError(
-            "k and v must have the same sequence length (dim -2), got k "
-            f"{tuple(k.shape)} and v {tuple(v.shape)}"
-        )
-    try:
-        torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    except RuntimeError:
-        raise ValueError(
-            f"the batch dimensions of q {tuple(q.shape)}, k {tuple(k.shape)} and v "
-            f"{tuple(v.shape)} do not broadcast"
-        ) from None
-
-
-def _check_mask(attn_mask: torch.Tensor, target: tuple[int, ...]) -> None:
-    if not isinstance(attn_mask, torch.Tensor):
-        raise ValueError(
-            f"attn_mask must be a torch.Tensor, got {type(attn_mask).__name__}"
-        )
-    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
-        raise ValueError(
-            "attn_mask must be bool (True = may attend) or floating (additive), got "
-            f"{attn_mask.dtype}"
-        )
-    try:
-        if torch.broadcast_shapes(attn_mask.shape, target) != torch.Size(target):
-            raise RuntimeError
-    except RuntimeError:
-        raise ValueError(
-            f"attn_mask of shape {tuple(attn_mask.shape)} does not broadcast to the "
-            f"scores' shape {target} (..., L, S)"
-        ) from None
 
 
 # --------------------------------------------------------------------------------------
@@ -232,7 +180,7 @@ def masked_softmax(
         raise ValueError(f"temperature must be positive, got {temperature}")
     scores = scores / temperature
     if attn_mask is not None:
-        _check_mask(attn_mask, tuple(scores.shape))
+        check_attn_mask("masked_softmax", attn_mask, tuple(scores.shape))
         if attn_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         else:
@@ -270,14 +218,14 @@ def attention_entropy(
     Low entropy means a head looks at a few keys, high entropy that it averages many;
     a penalty ``lambda * H`` in the loss pushes heads one way or the other.
     """
-    _check_float("weights", weights)
+    check_float("attention_entropy", "weights", weights)
     # 0 log 0 = 0, with a finite gradient at 0 (xlogy's is -inf), so that the entropy
     # can be a training penalty under a mask
     tiny = torch.finfo(weights.dtype).tiny
     plogp = torch.where(weights > 0, weights * weights.clamp_min(tiny).log(), 0.0)
     allowed = None
     if attn_mask is not None:
-        _check_mask(attn_mask, tuple(weights.shape))
+        check_attn_mask("attention_entropy", attn_mask, tuple(weights.shape))
         allowed = attn_mask if attn_mask.dtype == torch.bool else ~attn_mask.isneginf()
         plogp = plogp.masked_fill(~allowed, 0.0)
     entropy = -plogp.sum(-1)
@@ -301,6 +249,7 @@ def scaled_dot_product_attention(
     scale: float | None = None,
     dropout_p: float = 0.0,
     return_weights: bool = False,
+    enable_gqa: bool = False,
     generator: torch.Generator | None = None,
 ):
     r"""``softmax(q k^T * scale + mask) v``, written out step by step.
@@ -319,27 +268,19 @@ def scaled_dot_product_attention(
         dropout_p: attention dropout on the weights (inverted dropout, like PyTorch).
         return_weights: also return the ``(..., L, S)`` weights that were applied
             (after dropout).
+        enable_gqa: allow fewer key/value heads than query heads (grouped-query
+            attention): query head ``h`` reads key/value head ``h // (Hq // Hk)``.
         generator: random generator for the dropout mask.
 
-    Returns ``(..., L, Ev)``, or ``(out, weights)`` with ``return_weights=True``.
+    The arguments follow :mod:`attnbook.contract`. Returns ``(..., L, Ev)``, or ``(out,
+    weights)`` with ``return_weights=True``.
     """
-    _check_qkv(q, k, v)
-    if not 0.0 <= dropout_p < 1.0:
-        raise ValueError(f"dropout_p must be in [0, 1), got {dropout_p}")
-    L, S = q.shape[-2], k.shape[-2]
+    fn = "scaled_dot_product_attention"
+    check_qkv(fn, q, k, v, gqa=enable_gqa)
+    check_dropout(fn, dropout_p)
+    k, v = grouped_kv(q, k, v)  # each K/V head serves a group of query heads
+    attn_mask = attention_mask(fn, q, k, attn_mask, is_causal=is_causal)
     scores = scaled_dot_score(q, k, scale)
-    if attn_mask is not None:
-        _check_mask(attn_mask, tuple(scores.shape))
-        if attn_mask.is_floating_point():
-            attn_mask = attn_mask.to(scores.dtype)
-    if is_causal:
-        causal = causal_mask(L, S, device=q.device)
-        if attn_mask is None:
-            attn_mask = causal
-        elif attn_mask.dtype == torch.bool:
-            attn_mask = attn_mask & causal
-        else:
-            attn_mask = attn_mask.masked_fill(~causal, float("-inf"))
     weights = masked_softmax(scores, attn_mask)
     if dropout_p > 0.0:
         keep = (
@@ -403,7 +344,8 @@ def hard_attention(
 ):
     """Hard attention: each query copies the value of one key chosen by
     :func:`hard_attention_weights`."""
-    _check_qkv(q, k, v)
+    check_qkv("hard_attention", q, k, v)
+    k, v = grouped_kv(q, k, v)
     weights = hard_attention_weights(
         scaled_dot_score(q, k, scale), mode, attn_mask, generator
     )
@@ -488,15 +430,13 @@ class MultiHeadAttention(nn.Module):
         q = self._split(self.q_proj(x), self.n_heads)
         k = self._split(self.k_proj(context), self.n_kv_heads)
         v = self._split(self.v_proj(context), self.n_kv_heads)
-        group = self.n_heads // self.n_kv_heads
-        if group > 1:  # each K/V head serves `group` query heads
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         out, weights = scaled_dot_product_attention(
             q,
             k,
             v,
             attn_mask,
             is_causal=is_causal,
+            enable_gqa=True,
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=True,
         )

@@ -1,4 +1,4 @@
-"""Small sequence-to-sequence tasks generated locally, reproducibly, with no download.
+"""Every dataset of the book, generated locally and reproducibly, with no download.
 
 * **Date normalization** (the classic attention demo): free-text dates such as ``"tue 5
   march 1987"``, ``"march 5, 1987"`` or ``"05.03.1987"`` must be rewritten as ISO
@@ -8,7 +8,17 @@
   in any format.
 * **Copy / reverse**: a random string over a few symbols must be copied (monotonic
   alignment) or reversed (anti-diagonal alignment). Its length is a knob, which is what
-  the bottleneck experiment of Chapter 8 turns.
+  the bottleneck experiment of the recurrent-attention chapter turns.
+
+* **Repeated segments** (:func:`repeated_segments`): speech-like frames where a word
+  is spoken several times, for location-aware alignment.
+* **Shapes and captions** (:func:`shapes_captions`): coloured shapes on a grid with
+  captions naming them, for attention in image captioning.
+* **Zachary's karate club** (:func:`karate_club`): a 34-node social graph with two
+  communities, for graph attention.
+
+Randomness comes from a ``generator=`` (a ``torch.Generator``; ``None`` uses PyTorch's
+global generator), so the same seeded generator gives the same data.
 
 Strings are character-level. :class:`Vocab` maps characters to ids with three reserved
 ids (``PAD = 0``, ``BOS = 1``, ``EOS = 2``); :class:`Task` holds the split and turns it
@@ -19,11 +29,11 @@ into padded batches ``{"src": (B, S), "src_mask": (B, S) bool, "tgt": (B, T)}`` 
 from __future__ import annotations
 
 import datetime
-import random
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, NamedTuple, Sequence
 
 import torch
+from torch import nn
 
 __all__ = [
     "PAD",
@@ -35,6 +45,12 @@ __all__ = [
     "date_task",
     "copy_pairs",
     "copy_task",
+    "RepeatedSegments",
+    "repeated_segments",
+    "SHAPES",
+    "COLOURS",
+    "shapes_captions",
+    "karate_club",
 ]
 
 PAD, BOS, EOS = 0, 1, 2
@@ -101,21 +117,19 @@ class Task:
         return {"src": src, "src_mask": src != PAD, "tgt": tgt}
 
     def batches(
-        self, batch_size: int = 64, seed: int = 0
+        self, batch_size: int = 64, *, generator: torch.Generator | None = None
     ) -> Callable[[], list[dict[str, torch.Tensor]]]:
         """A callable for :func:`attnbook.train.fit`: each call reshuffles the training
         set.
 
-        The shuffles come from one ``torch.Generator`` seeded with ``seed``, so a
-        training run is
-        reproducible: epoch ``k`` sees the same batches every time.
+        The shuffles are drawn from ``generator``, so with a freshly seeded generator
+        a training run is reproducible: epoch ``k`` sees the same batches every time.
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        gen = torch.Generator().manual_seed(seed)
 
         def epoch() -> list[dict[str, torch.Tensor]]:
-            order = torch.randperm(len(self.train), generator=gen).tolist()
+            order = torch.randperm(len(self.train), generator=generator).tolist()
             return [
                 self.encode([self.train[i] for i in order[k : k + batch_size]])
                 for k in range(0, len(order), batch_size)
@@ -169,7 +183,12 @@ def format_date(date: datetime.date, style: str) -> str:
     return DATE_FORMATS[style](date)
 
 
-def date_task(n_train: int = 4000, n_test: int = 1000, seed: int = 0) -> Task:
+def date_task(
+    n_train: int = 4000,
+    n_test: int = 1000,
+    *,
+    generator: torch.Generator | None = None,
+) -> Task:
     """Free-text date -> ISO ``YYYY-MM-DD``, with ``n_train + n_test`` distinct dates in
     1950-2049.
 
@@ -183,12 +202,14 @@ def date_task(n_train: int = 4000, n_test: int = 1000, seed: int = 0) -> Task:
             f"need 1 <= n_train, n_test and n_train + n_test <= {n_days}, got "
             f"{n_train}, {n_test}"
         )
-    rng = random.Random(seed)
+    n = n_train + n_test
+    offsets = torch.randperm(n_days, generator=generator)[:n].tolist()
     styles = list(DATE_FORMATS)
+    picks = torch.randint(len(styles), (n,), generator=generator).tolist()
     pairs = []
-    for offset in rng.sample(range(n_days), n_train + n_test):
+    for offset, style in zip(offsets, picks):
         date = FIRST_DAY + datetime.timedelta(days=offset)
-        pairs.append((format_date(date, rng.choice(styles)), date.isoformat()))
+        pairs.append((format_date(date, styles[style]), date.isoformat()))
     src_chars = set("".join(s for s, _ in pairs)) | set("0123456789")
     return Task(pairs[n_test:], pairs[:n_test], Vocab(src_chars), Vocab("0123456789-"))
 
@@ -199,9 +220,10 @@ def date_task(n_train: int = 4000, n_test: int = 1000, seed: int = 0) -> Task:
 def copy_pairs(
     n: int,
     lengths: Sequence[int],
+    *,
     reverse: bool = False,
     n_symbols: int = 8,
-    seed: int = 0,
+    generator: torch.Generator | None = None,
 ) -> list[tuple[str, str]]:
     """``n`` random strings over the first ``n_symbols`` letters, with lengths drawn
     from ``lengths``.
@@ -214,11 +236,12 @@ def copy_pairs(
         raise ValueError(
             f"lengths must be a non-empty list of positive lengths, got {lengths}"
         )
-    rng = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz"[:n_symbols]
+    lengths = list(lengths)
     out = []
-    for _ in range(n):
-        s = "".join(rng.choice(letters) for _ in range(rng.choice(list(lengths))))
+    for pick in torch.randint(len(lengths), (n,), generator=generator).tolist():
+        ids = torch.randint(n_symbols, (lengths[pick],), generator=generator)
+        s = "".join(letters[i] for i in ids.tolist())
         out.append((s, s[::-1] if reverse else s))
     return out
 
@@ -226,30 +249,26 @@ def copy_pairs(
 def copy_task(
     n_train: int = 3000,
     n_test: int = 500,
+    *,
     min_len: int = 4,
     max_len: int = 16,
     reverse: bool = False,
     n_symbols: int = 8,
-    seed: int = 0,
+    generator: torch.Generator | None = None,
 ) -> Task:
     """Copy (or reverse) strings of length ``min_len..max_len``; test strings never
     occur in training."""
     if not 1 <= min_len <= max_len:
         raise ValueError(f"need 1 <= min_len <= max_len, got {min_len}, {max_len}")
     lengths = range(min_len, max_len + 1)
-    test = copy_pairs(n_test, lengths, reverse, n_symbols, seed=seed)
+    draw = dict(reverse=reverse, n_symbols=n_symbols, generator=generator)
+    test = copy_pairs(n_test, lengths, **draw)
     seen = {s for s, _ in test}
     train: list[tuple[str, str]] = []
     k = 1
-    # draw in rounds with derived seeds, skipping any test string
+    # draw in rounds from the same generator, skipping any test string
     while len(train) < n_train:
-        fresh = [
-            p
-            for p in copy_pairs(
-                n_train, lengths, reverse, n_symbols, seed=seed + 1000 * k
-            )
-            if p[0] not in seen
-        ]
+        fresh = [p for p in copy_pairs(n_train, lengths, **draw) if p[0] not in seen]
         train += fresh[: n_train - len(train)]
         k += 1
         if k > 100:
@@ -258,3 +277,181 @@ def copy_task(
             )
     letters = "abcdefghijklmnopqrstuvwxyz"[:n_symbols]
     return Task(train, test, Vocab(letters), Vocab(letters))
+
+
+# --------------------------------------------------------------------------------------
+# Repeated segments: a speech-like alignment task
+# --------------------------------------------------------------------------------------
+class RepeatedSegments(NamedTuple):
+    """A batch of :func:`repeated_segments`: ``frames`` ``(B, S, D)``, ``mask`` ``(B,
+    S)`` bool (True = a real frame, False = padding at the end; pass
+    ``key_padding_mask=~mask`` to an attention), ``queries`` ``(B, T, n_symbols)``
+    one-hot, ``alignment`` ``(B, T, S)`` bool (the frames of the symbol spelled at step
+    ``t``)."""
+
+    frames: torch.Tensor
+    mask: torch.Tensor
+    queries: torch.Tensor
+    alignment: torch.Tensor
+
+
+def repeated_segments(
+    n: int,
+    repeats: int,
+    *,
+    word_len: int = 3,
+    n_symbols: int = 5,
+    dim: int = 8,
+    frames_per_symbol: tuple[int, int] = (2, 4),
+    noise: float = 0.3,
+    generator: torch.Generator | None = None,
+) -> RepeatedSegments:
+    """A speech-like alignment task: a word of ``word_len`` symbols repeated ``repeats``
+    times, each symbol held for a few noisy frames.
+
+    Every symbol has a fixed random prototype in ``R^dim`` (the same in every call);
+    a frame is its symbol's prototype plus Gaussian noise of standard deviation
+    ``noise``. Neighbouring symbols differ, so segment boundaries are visible, but every
+    symbol occurs ``repeats`` times: content alone cannot tell the copies apart. The
+    ``T = word_len * repeats`` queries are the symbols to find, in order.
+    """
+    if n_symbols < 3 or word_len < 2:
+        raise ValueError("need n_symbols >= 3 and word_len >= 2")
+    prototypes = torch.randn(n_symbols, dim, generator=torch.Generator().manual_seed(0))
+    lo, hi = frames_per_symbol
+    T = word_len * repeats
+    examples = []
+    for _ in range(n):
+        word = [int(torch.randint(n_symbols, (1,), generator=generator))]
+        while len(word) < word_len:  # no symbol next to itself, also across copies
+            s = int(torch.randint(n_symbols, (1,), generator=generator))
+            if s != word[-1] and (len(word) < word_len - 1 or s != word[0]):
+                word.append(s)
+        spelled = torch.tensor(word * repeats)
+        durations = torch.randint(lo, hi + 1, (T,), generator=generator)
+        examples.append((spelled, durations))
+    S = max(int(d.sum()) for _, d in examples)
+    frames = torch.zeros(n, S, dim)
+    alignment = torch.zeros(n, T, S, dtype=torch.bool)
+    for i, (spelled, durations) in enumerate(examples):
+        ends = durations.cumsum(0)
+        for t, (start, end) in enumerate(
+            zip((ends - durations).tolist(), ends.tolist())
+        ):
+            alignment[i, t, start:end] = True
+        length = int(ends[-1])
+        symbol_of_frame = spelled.repeat_interleave(durations)
+        frames[i, :length] = prototypes[symbol_of_frame] + noise * torch.randn(
+            length, dim, generator=generator
+        )
+    mask = alignment.any(1)
+    queries = nn.functional.one_hot(
+        torch.stack([s for s, _ in examples]), n_symbols
+    ).float()
+    return RepeatedSegments(frames, mask, queries, alignment)
+
+
+# --------------------------------------------------------------------------------------
+# Shapes and captions: a generated image-captioning task
+# --------------------------------------------------------------------------------------
+SHAPES = ("square", "circle", "triangle", "cross")
+COLOURS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.7, 0.2), "blue": (0.15, 0.3, 0.95)}
+
+
+def _shape_mask(shape: str, size: int) -> torch.Tensor:
+    """A ``size x size`` boolean stencil of one of :data:`SHAPES`."""
+    r = torch.arange(size, dtype=torch.float32) - (size - 1) / 2
+    y, x = r[:, None], r[None, :]
+    half = size / 2
+    if shape == "square":
+        return (y.abs() < half * 0.8) & (x.abs() < half * 0.8)
+    if shape == "circle":
+        return y**2 + x**2 < (half * 0.9) ** 2
+    if shape == "triangle":  # apex at the top, base at the bottom
+        return (
+            (y > -half * 0.9) & (y < half * 0.8) & (x.abs() < (y + half * 0.9) * 0.55)
+        )
+    if shape == "cross":
+        return (
+            ((y.abs() < half * 0.3) | (x.abs() < half * 0.3))
+            & (y.abs() < half * 0.9)
+            & (x.abs() < half * 0.9)
+        )
+    raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
+
+
+def shapes_captions(
+    n: int,
+    *,
+    grid: int = 3,
+    cell: int = 8,
+    n_objects: int = 2,
+    generator: torch.Generator | None = None,
+):
+    """A generated captioning task: coloured shapes in the cells of a ``grid x grid``
+    board.
+
+    Each image holds ``n_objects`` shapes in distinct cells; its caption names them in
+    reading order (row-major), colour then shape: ``<bos> red circle blue cross <eos>``.
+    Returns ``(images, captions, vocab, cells)``: images ``(n, 3, grid*cell,
+    grid*cell)`` in ``[0, 1]`` on a white background, captions ``(n, 2 + 2*n_objects)``
+    token ids into ``vocab`` (a list of words, ``vocab[0] = "<bos>"``, ``vocab[1] =
+    "<eos>"``), and ``cells`` ``(n, n_objects)``: the cell index of each named object.
+    """
+    if not 1 <= n_objects <= grid * grid:
+        raise ValueError(
+            f"n_objects must be in [1, grid*grid={grid * grid}], got {n_objects}"
+        )
+    colours = list(COLOURS)
+    vocab = ["<bos>", "<eos>", *colours, *SHAPES]
+    stencils = [_shape_mask(s, cell - 2) for s in SHAPES]
+    palette = torch.tensor([COLOURS[c] for c in colours])
+    size = grid * cell
+    images = torch.ones(n, 3, size, size)
+    captions = torch.empty(n, 2 + 2 * n_objects, dtype=torch.long)
+    cells = torch.empty(n, n_objects, dtype=torch.long)
+    captions[:, 0], captions[:, -1] = 0, 1
+    for i in range(n):
+        # reading order
+        chosen = (
+            torch.randperm(grid * grid, generator=generator)[:n_objects].sort().values
+        )
+        colour = torch.randint(len(colours), (n_objects,), generator=generator)
+        shape = torch.randint(len(SHAPES), (n_objects,), generator=generator)
+        cells[i] = chosen
+        for t, (c, col, shp) in enumerate(
+            zip(chosen.tolist(), colour.tolist(), shape.tolist())
+        ):
+            top, left = (c // grid) * cell + 1, (c % grid) * cell + 1
+            patch = images[i, :, top : top + cell - 2, left : left + cell - 2]
+            patch[:, stencils[shp]] = palette[col][:, None]
+            captions[i, 1 + 2 * t] = 2 + col
+            captions[i, 2 + 2 * t] = 2 + len(colours) + shp
+    return images, captions, vocab, cells
+
+
+# --------------------------------------------------------------------------------------
+# Zachary's karate club
+# --------------------------------------------------------------------------------------
+def karate_club() -> dict[str, object]:
+    """Zachary's karate club (34 members, 78 friendships) as tensors, via ``networkx``.
+
+    Returns ``{"x": one-hot features (34, 34), "edge_index": (2, 156) both directions,
+    "y": (34,) club after the split (0 = Mr. Hi, 1 = Officer), "graph": the networkx
+    graph}``. The one-hot features say nothing but "which node": everything a model
+    learns comes from the graph.
+    """
+    import networkx as nx  # only this dataset needs networkx
+
+    graph = nx.karate_club_graph()
+    edges = torch.tensor(list(graph.edges()), dtype=torch.long).T
+    edge_index = torch.cat([edges, edges.flip(0)], dim=1)
+    y = torch.tensor(
+        [0 if graph.nodes[n]["club"] == "Mr. Hi" else 1 for n in graph.nodes()]
+    )
+    return {
+        "x": torch.eye(graph.number_of_nodes()),
+        "edge_index": edge_index,
+        "y": y,
+        "graph": graph,
+    }

@@ -30,7 +30,10 @@ import os
 
 import torch
 
+from .contract import check_qkv, expand_kv_heads
+
 __all__ = [
+    "online_softmax_step",
     "online_softmax",
     "merge_partials",
     "tiled_attention_forward",
@@ -45,6 +48,36 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 # Online softmax
 # --------------------------------------------------------------------------------------
+def online_softmax_step(
+    m: torch.Tensor,
+    l: torch.Tensor,
+    scores: torch.Tensor,
+    acc: torch.Tensor | None = None,
+    values: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Fold one block of ``scores (..., rows, cols)`` into the running maximum ``m``
+    and normalizer ``l`` (both ``(..., rows)``), and, with ``values (..., cols, Ev)``,
+    into the unnormalized output ``acc (..., rows, Ev)``:
+
+        ``m' = max(m, rowmax(scores))``, ``P = exp(scores - m')``,
+        ``l' = l exp(m - m') + rowsum(P)``, ``acc' = acc exp(m - m') + P values``.
+
+    The factor ``exp(m - m')`` rescales what was summed under the old maximum. Where the
+    maximum is still ``-inf`` (only masked entries so far) 0 stands in for it, so no
+    ``-inf - (-inf)`` becomes NaN. Returns ``(m', l', acc')`` (``acc'`` is None without
+    values). The one update of the online softmax, FlashAttention's forward pass and
+    (with :func:`merge_partials` between devices) ring attention.
+    """
+    m_new = torch.maximum(m, scores.amax(dim=-1))
+    shift = torch.where(torch.isfinite(m_new), m_new, 0.0)
+    p = torch.exp(scores - shift[..., None])
+    alpha = torch.exp(m - shift)
+    l = l * alpha + p.sum(dim=-1)
+    if values is not None:
+        acc = acc * alpha[..., None] + p @ values
+    return m_new, l, acc
+
+
 def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
     """Softmax over the last dimension of ``x``, reading it ``block_size`` entries at a
     time.
@@ -64,11 +97,7 @@ def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
     l = torch.zeros_like(m)
     for start in range(0, x.shape[-1], block_size):
         block = x[..., start : start + block_size]
-        m_new = torch.maximum(m, block.amax(dim=-1))
-        # all -inf so far: nothing to rescale
-        shift = torch.where(torch.isfinite(m_new), m_new, 0.0)
-        l = l * torch.exp(m - shift) + torch.exp(block - shift[..., None]).sum(dim=-1)
-        m = m_new
+        m, l, _ = online_softmax_step(m, l, block)
     shift = torch.where(torch.isfinite(m), m, 0.0)
     return torch.exp(x - shift[..., None]) / torch.where(l > 0, l, 1.0)[..., None]
 
@@ -98,27 +127,26 @@ def merge_partials(
 # --------------------------------------------------------------------------------------
 # Tiled forward and backward (PyTorch)
 # --------------------------------------------------------------------------------------
-def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor) or t.dim() != 4:
-            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-            raise ValueError(
-                f"{name} must be a tensor (batch, heads, seq, head_dim), got {shape}"
-            )
-    (B, H, _, E), (Bk, Hk, S, Ek), (Bv, Hv, Sv, _) = q.shape, k.shape, v.shape
-    if (Bk, Hk, S) != (Bv, Hv, Sv) or Ek != E or Bk != B or Hk < 1 or H % Hk:
-        raise ValueError(
-            f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: k and v "
-            "need the same batch, "
-            "heads and length, k the head_dim of q, and q's heads must be a multiple "
-            "of k's (MQA/GQA)"
-        )
+def _as_4d(q, k, v):
+    """``q, k, v`` of the contract's shapes as ``(B, H, L, E)`` tensors for the tiled
+    code and the kernels, and the leading shape to give the output back."""
+    rank = max(q.dim(), k.dim(), 3)
+    q, k, v = (t.reshape((1,) * (rank - t.dim()) + tuple(t.shape)) for t in (q, k, v))
+    batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3])
+    if (
+        q.shape[-3] == 1 and k.shape[-3] > 1
+    ):  # one query head broadcast over the K/V heads
+        q = q.expand(*q.shape[:-3], k.shape[-3], *q.shape[-2:])
+    q, k, v = (
+        t.expand(*batch, *t.shape[-3:]).reshape(-1, *t.shape[-3:]) for t in (q, k, v)
+    )
+    return q, k, v, batch
 
 
-def _expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Repeat each key/value head for its group of query heads (MQA/GQA): ``(B, Hkv, S,
-    E) -> (B, H, S, E)``."""
-    return x.repeat_interleave(n_heads // x.shape[1], dim=1)
+def _from_4d(x: torch.Tensor, batch: torch.Size, rank: int) -> torch.Tensor:
+    """Undo :func:`_as_4d` for a ``(B, H, L, ...)`` result."""
+    x = x.reshape(*batch, *x.shape[1:])
+    return x.reshape(x.shape[1:]) if rank == 2 else x
 
 
 def _visible(rows: torch.Tensor, cols: torch.Tensor, L: int, S: int) -> torch.Tensor:
@@ -131,6 +159,7 @@ def tiled_attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    *,
     is_causal: bool = False,
     scale: float | None = None,
     block_q: int = 128,
@@ -147,20 +176,24 @@ def tiled_attention_forward(
         rowsum(P)``, ``acc' = acc e^(m - m') + P V_j``;   finally ``out = acc / l``,
         ``lse = m + log l``.
 
-    Key blocks entirely after the causal diagonal are skipped. The largest temporary is
-    one ``block_q x block_k`` tile per (batch, head). Shapes: ``q (B, H, L, E)``, ``k
-    (B, Hkv, S, E)``, ``v (B, Hkv, S, Ev)`` with ``H`` a multiple of ``Hkv`` -> ``out
-    (B, H, L, Ev)``, ``lse (B, H, L)`` (float32 or float64). ``scale`` defaults to ``1 /
-    sqrt(E)``.
+    Key blocks entirely after the causal diagonal are skipped. Shapes follow
+    :mod:`attnbook.contract`: ``q (..., H, L, E)``, ``k (..., Hkv, S, E)``, ``v (...,
+    Hkv, S, Ev)`` -> ``out (..., H, L, Ev)``, ``lse (..., H, L)`` (float32 or float64).
+    ``scale`` defaults to ``1 / sqrt(E)``. Besides the output, the largest temporaries
+    are one ``block_q x block_k`` tile and the key/value heads repeated for their query
+    heads under grouped-query attention (``B H S E``), which the Triton kernel avoids by
+    indexing the shared head.
     """
-    _check_qkv(q, k, v)
+    check_qkv("tiled_attention_forward", q, k, v)
+    rank = max(q.dim(), k.dim())
+    q, k, v, batch = _as_4d(q, k, v)
     for name, value in (("block_q", block_q), ("block_k", block_k)):
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
     B, H, L, E = q.shape
     S = k.shape[2]
     scale = 1.0 / math.sqrt(E) if scale is None else scale
-    k, v = _expand_kv(k, H), _expand_kv(v, H)
+    k, v = expand_kv_heads(k, H), expand_kv_heads(v, H)
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.empty(B, H, L, v.shape[-1], dtype=q.dtype, device=q.device)
     lse = torch.empty(B, H, L, dtype=acc_dtype, device=q.device)
@@ -179,18 +212,13 @@ def tiled_attention_forward(
             if is_causal:
                 cols = torch.arange(j0, j0 + s.shape[-1], device=q.device)
                 s = s.masked_fill(~_visible(rows, cols, L, S), -math.inf)
-            m_new = torch.maximum(m, s.amax(dim=-1))
-            shift = torch.where(torch.isfinite(m_new), m_new, 0.0)
-            p = torch.exp(s - shift[..., None])
-            alpha = torch.exp(m - shift)
-            l = l * alpha + p.sum(dim=-1)
-            acc = acc * alpha[..., None] + p @ v[:, :, j0 : j0 + block_k].to(acc_dtype)
-            m = m_new
+            v_j = v[:, :, j0 : j0 + block_k].to(acc_dtype)
+            m, l, acc = online_softmax_step(m, l, s, acc, v_j)
         out[:, :, i0 : i0 + block_q] = (acc / torch.where(l > 0, l, 1.0)[..., None]).to(
             q.dtype
         )
         lse[:, :, i0 : i0 + block_q] = torch.where(l > 0, m + torch.log(l), -math.inf)
-    return out, lse
+    return _from_4d(out, batch, rank), _from_4d(lse, batch, rank)
 
 
 def tiled_attention_backward(
@@ -200,6 +228,7 @@ def tiled_attention_backward(
     out: torch.Tensor,
     lse: torch.Tensor,
     grad_out: torch.Tensor,
+    *,
     is_causal: bool = False,
     scale: float | None = None,
     block_q: int = 128,
@@ -216,13 +245,20 @@ def tiled_attention_backward(
         ``dQ_i += dS K_j * scale``, ``dK_j += dS^T Q_i * scale``.
 
     For MQA/GQA the key/value gradients of the query heads that share a key head are
-    summed. Shapes as in :func:`tiled_attention_forward`; ``grad_out`` is like ``out``.
+    summed. Shapes ``(B, H, L, E)`` as :func:`flash_attention` saves them; ``grad_out``
+    is like ``out``.
     """
+    check_qkv("tiled_attention_backward", q, k, v)
+    if q.dim() != 4 or k.dim() != 4:
+        raise ValueError(
+            "tiled_attention_backward takes (B, H, L, E) tensors, got q "
+            f"{tuple(q.shape)} and k {tuple(k.shape)}"
+        )
     B, H, L, E = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(E) if scale is None else scale
     acc_dtype = lse.dtype
-    ke, ve = _expand_kv(k, H).to(acc_dtype), _expand_kv(v, H).to(acc_dtype)
+    ke, ve = expand_kv_heads(k, H).to(acc_dtype), expand_kv_heads(v, H).to(acc_dtype)
     qa, do = q.to(acc_dtype), grad_out.to(acc_dtype)
     delta = (do * out.to(acc_dtype)).sum(dim=-1)
     # rows that see nothing: P = 0
@@ -258,12 +294,15 @@ def _triton_importable() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def select_backend(q: torch.Tensor, backend: str = "auto") -> str:
+def select_backend(
+    q: torch.Tensor, backend: str = "auto", *, v: torch.Tensor | None = None
+) -> str:
     """Resolve ``backend`` for inputs like ``q``: ``"triton"`` or ``"torch"``.
 
     ``"auto"`` picks ``"triton"`` when ``q`` is on a CUDA GPU that can run the kernels
     (Triton installed, compute capability >= 7.0, bfloat16 only on >= 8.0, head dim 16,
-    32, 64 or 128: the rule of :func:`attnbook.kernels.plan`), else ``"torch"``.
+    32, 64 or 128, values ``v`` as wide as the keys: the rule of
+    :func:`attnbook.kernels.plan`), else ``"torch"``.
     ``"triton"`` requires Triton and either a CUDA tensor or Triton's CPU interpreter
     (environment variable ``TRITON_INTERPRET=1``, slow, for tests); otherwise it raises
     ``RuntimeError`` saying what is missing.
@@ -280,7 +319,7 @@ def select_backend(q: torch.Tensor, backend: str = "auto") -> str:
     if backend == "auto":
         from .kernels import plan_for
 
-        return plan_for("flash", q)[0]
+        return plan_for("flash", q, v)[0]
     if not usable:
         missing = (
             "the triton package"
@@ -331,28 +370,32 @@ def flash_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    *,
     is_causal: bool = False,
     scale: float | None = None,
     backend: str = "auto",
-) -> torch.Tensor:
+    return_backend: bool = False,
+):
     """Exact, differentiable attention ``softmax(q k^T * scale [+ causal mask]) v`` in
     tiles.
 
     Equal to ``attnbook.core.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
-    scale=scale)`` (bottom-right causal alignment) with memory ``O(L + S)`` per head
-    beyond the inputs and outputs, in the forward and the backward pass. ``backend``:
-    ``"auto"`` (Triton on CUDA, PyTorch elsewhere), ``"torch"`` or ``"triton"`` (see
-    :func:`select_backend`). The backend that ran is stored in
-    ``flash_attention.last_backend``. Shapes: ``q (B, H, L, E)``, ``k (B, Hkv, S, E)``,
-    ``v (B, Hkv, S, Ev)``, ``H`` a multiple of ``Hkv`` -> ``(B, H, L, Ev)``.
+    scale=scale, enable_gqa=True)`` (bottom-right causal alignment) with memory
+    ``O(L + S)`` per head beyond the inputs and outputs, in the forward and the backward
+    pass. ``backend``: ``"auto"`` (Triton on a GPU that can run it, PyTorch elsewhere),
+    ``"torch"`` or ``"triton"`` (see :func:`select_backend`). Shapes follow
+    :mod:`attnbook.contract`: ``q (..., H, L, E)``, ``k (..., Hkv, S, E)``, ``v (...,
+    Hkv, S, Ev)`` -> ``(..., H, L, Ev)``. With ``return_backend=True`` it returns
+    ``(out, backend)``, the backend that ran.
     """
-    _check_qkv(q, k, v)
-    chosen = select_backend(q, backend)
-    flash_attention.last_backend = chosen
-    return _FlashAttention.apply(q, k, v, bool(is_causal), scale, chosen)
-
-
-flash_attention.last_backend = None
+    check_qkv("flash_attention", q, k, v)
+    rank = max(q.dim(), k.dim())
+    q4, k4, v4, batch = _as_4d(q, k, v)
+    chosen = select_backend(q4, backend, v=v4)
+    out = _from_4d(
+        _FlashAttention.apply(q4, k4, v4, bool(is_causal), scale, chosen), batch, rank
+    )
+    return (out, chosen) if return_backend else out
 
 
 def block_sparse_flash_attention(
@@ -361,32 +404,39 @@ def block_sparse_flash_attention(
     v: torch.Tensor,
     block_mask: torch.Tensor,
     block_size: int,
+    *,
     is_causal: bool = False,
+    scale: float | None = None,
     backend: str = "auto",
-) -> torch.Tensor:
+    return_backend: bool = False,
+):
     """Attention restricted to the active tiles of a block mask (forward only).
 
     Equal to :func:`attnbook.sparse.block_sparse_attention` (which the ``"torch"``
     backend calls); the ``"triton"`` backend runs
     :func:`attnbook.kernels.flash_triton.block_sparse_forward`, which visits only the
     active key blocks of each query block. ``block_mask (ceil(L / b), ceil(S / b))``
-    bool, ``b = block_size``. The backend that ran is stored in
-    ``block_sparse_flash_attention.last_backend``.
+    bool, ``b = block_size``. With ``return_backend=True`` it returns ``(out,
+    backend)``.
     """
-    chosen = select_backend(q, backend)
-    block_sparse_flash_attention.last_backend = chosen
+    from .sparse import block_sparse_attention
+
+    check_qkv("block_sparse_flash_attention", q, k, v)
+    rank = max(q.dim(), k.dim())
+    q4, k4, v4, batch = _as_4d(q, k, v)
+    chosen = select_backend(q4, backend, v=v4)
     if chosen == "triton":
         from .kernels.flash_triton import block_sparse_forward
 
-        return block_sparse_forward(
-            q, k, v, block_mask, block_size, is_causal=is_causal
+        out = block_sparse_forward(
+            q4, k4, v4, block_mask, block_size, is_causal=is_causal, scale=scale
         )
-    from .sparse import block_sparse_attention
-
-    return block_sparse_attention(q, k, v, block_mask, block_size, is_causal=is_causal)
-
-
-block_sparse_flash_attention.last_backend = None
+    else:
+        out = block_sparse_attention(
+            q4, k4, v4, block_mask, block_size, is_causal=is_causal, scale=scale
+        )
+    out = _from_4d(out, batch, rank)
+    return (out, chosen) if return_backend else out
 
 
 # --------------------------------------------------------------------------------------

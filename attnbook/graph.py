@@ -5,6 +5,9 @@ Papers: Kipf & Welling (2017) for the graph convolutional network; Velickovic et
 (2018) for the graph attention network; Brody, Alon & Yahav (2022) for why GAT's
 attention is "static".
 
+The example graph of the chapter, Zachary's karate club, is
+:func:`attnbook.data.karate_club`.
+
 A graph with ``N`` nodes is given by node features ``x`` of shape ``(N, in_dim)`` and an
 ``edge_index`` of shape ``(2, E)`` (int64): edge ``e`` carries a message from the source
 node ``j = edge_index[0, e]`` to the target node ``i = edge_index[1, e]``. An undirected
@@ -27,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .contract import check_qkv, grouped_kv
 from .core import masked_softmax
 
 __all__ = [
@@ -38,7 +42,6 @@ __all__ = [
     "GCNLayer",
     "GATLayer",
     "GNN",
-    "karate_club",
 ]
 
 
@@ -78,7 +81,7 @@ def add_self_loops(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
 
 
 def complete_graph(
-    num_nodes: int, self_loops: bool = True, device=None
+    num_nodes: int, *, self_loops: bool = True, device=None
 ) -> torch.Tensor:
     """``edge_index`` of the complete directed graph: every ``j -> i`` (with ``i -> i``
     when ``self_loops``)."""
@@ -145,6 +148,7 @@ def message_passing_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     edge_index: torch.Tensor,
+    *,
     scale: float | None = None,
 ) -> torch.Tensor:
     r"""Dot-product attention as message passing: each node attends over its incoming
@@ -154,27 +158,32 @@ def message_passing_attention(
               \alpha_{j \to i} = \operatorname{softmax}_{j \in N(i)} s_{j \to i}, \qquad
               \mathrm{out}_i = \sum_{j \in N(i)} \alpha_{j \to i} v_j
 
-    ``q``, ``k``: ``(N, ..., E)``; ``v``: ``(N, ..., Ev)`` (node first, e.g. ``(N,
-    heads, E)``); ``scale`` defaults to ``1 / sqrt(E)``. On :func:`complete_graph` (with
+    Shapes follow :mod:`attnbook.contract`: ``q``, ``k`` ``(..., N, E)`` and ``v``
+    ``(..., N, Ev)`` for the ``N`` nodes (heads and batch in front, grouped-query heads
+    allowed); ``scale`` defaults to ``1 / sqrt(E)``. On :func:`complete_graph` (with
     self-loops) this *is* scaled dot-product self-attention; on a sparser graph it is
     attention with the mask :func:`to_dense_adjacency`. Nodes with no incoming edge get
     zeros, like a fully masked query.
     """
-    N = q.shape[0]
-    if k.shape[0] != N or v.shape[0] != N or q.shape[-1] != k.shape[-1]:
+    check_qkv("message_passing_attention", q, k, v)
+    if q.shape[-2] != k.shape[-2]:
         raise ValueError(
-            f"q, k, v must be (N, ..., E) with the same N and q, k sharing E, got "
-            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+            "message_passing_attention: q and k need the same number of nodes N (dim "
+            f"-2), got q {tuple(q.shape)} and k {tuple(k.shape)}"
         )
+    k, v = grouped_kv(q, k, v)
+    batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    N = q.shape[-2]
     _check_edge_index(edge_index, N)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    # nodes first, for indexing by edge: (N, ..., E)
+    q, k, v = (t.expand(*batch, *t.shape[-2:]).movedim(-2, 0) for t in (q, k, v))
     source, target = edge_index
     scores = (q[target] * k[source]).sum(-1) * scale  # (E, ...): one score per edge
     alpha = edge_softmax(scores, target, N)
     messages = alpha.unsqueeze(-1) * v[source]  # (E, ..., Ev)
-    return torch.zeros(N, *v.shape[1:], dtype=v.dtype, device=v.device).index_add_(
-        0, target, messages
-    )
+    out = torch.zeros(N, *v.shape[1:], dtype=v.dtype, device=v.device)
+    return out.index_add_(0, target, messages).movedim(0, -2)
 
 
 # --------------------------------------------------------------------------------------
@@ -192,7 +201,12 @@ class GCNLayer(nn.Module):
     """
 
     def __init__(
-        self, in_dim: int, out_dim: int, add_self_loops: bool = True, bias: bool = True
+        self,
+        in_dim: int,
+        out_dim: int,
+        *,
+        add_self_loops: bool = True,
+        bias: bool = True,
     ):
         super().__init__()
         self.in_dim, self.out_dim, self.add_self_loops = in_dim, out_dim, add_self_loops
@@ -257,6 +271,7 @@ class GATLayer(nn.Module):
         self,
         in_dim: int,
         out_dim: int,
+        *,
         heads: int = 1,
         concat: bool = True,
         negative_slope: float = 0.2,
@@ -305,12 +320,12 @@ class GATLayer(nn.Module):
         return out if self.bias is None else out + self.bias
 
     def forward(
-        self, x: torch.Tensor, edge_index: torch.Tensor, return_attention: bool = False
+        self, x: torch.Tensor, edge_index: torch.Tensor, *, return_weights: bool = False
     ):
         """``x``: ``(N, in_dim)``, ``edge_index``: ``(2, E)`` -> ``(N, heads*out_dim)``
         or ``(N, out_dim)``.
 
-        With ``return_attention=True`` also returns ``(edge_index_used, alpha)``: the
+        With ``return_weights=True`` also returns ``(edge_index_used, alpha)``: the
         edges after the self-loop step, ``(2, E')``, and their weights ``(E', heads)``.
         """
         N = x.shape[0]
@@ -327,15 +342,16 @@ class GATLayer(nn.Module):
             0, target, alpha_used.unsqueeze(-1) * z[source]
         )
         out = self._combine(out)
-        return (out, (edge_index, alpha)) if return_attention else out
+        return (out, (edge_index, alpha)) if return_weights else out
 
     def forward_dense(
-        self, x: torch.Tensor, adj: torch.Tensor, return_attention: bool = False
+        self, x: torch.Tensor, adj: torch.Tensor, *, return_weights: bool = False
     ):
         """The same layer written as masked attention over an ``(N, N)`` score matrix.
 
         ``adj``: bool ``(N, N)``, ``adj[i, j]`` = edge ``j -> i``
-        (:func:`to_dense_adjacency`). The scores ``e[h, i, j]`` are computed for every
+        (:func:`to_dense_adjacency`; it is the ``attn_mask``, True = may attend). The
+        scores ``e[h, i, j]`` are computed for every
         pair and the non-edges masked, exactly like a causal mask in a decoder: the
         graph is the mask. Returns the output and, on request, the ``(heads, N, N)``
         weights. Costs ``O(N^2)`` memory, so it is for small graphs and for checking.
@@ -351,11 +367,11 @@ class GATLayer(nn.Module):
         z, s_src, s_dst = self._project(x)
         # (heads, N_i, N_j)
         e = F.leaky_relu(s_dst.T[:, :, None] + s_src.T[:, None, :], self.negative_slope)
-        alpha = masked_softmax(e, adj)
+        alpha = masked_softmax(e, attn_mask=adj)
         alpha_used = F.dropout(alpha, self.dropout, self.training)
         # (N, heads, out_dim)
         out = self._combine((alpha_used @ z.transpose(0, 1)).transpose(0, 1))
-        return (out, alpha) if return_attention else out
+        return (out, alpha) if return_weights else out
 
 
 class GNN(nn.Module):
@@ -378,6 +394,7 @@ class GNN(nn.Module):
         in_dim: int,
         hidden: int,
         n_classes: int,
+        *,
         heads: int = 8,
         dropout: float = 0.5,
     ):
@@ -399,27 +416,3 @@ class GNN(nn.Module):
         h = F.elu(self.layer1(h, edge_index))
         h = F.dropout(h, self.dropout, self.training)
         return self.layer2(h, edge_index)
-
-
-def karate_club() -> dict[str, object]:
-    """Zachary's karate club (34 members, 78 friendships) as tensors, via ``networkx``.
-
-    Returns ``{"x": one-hot features (34, 34), "edge_index": (2, 156) both directions,
-    "y": (34,) club after the split (0 = Mr. Hi, 1 = Officer), "graph": the networkx
-    graph}``. The one-hot features say nothing but "which node": everything a model
-    learns comes from the graph.
-    """
-    import networkx as nx  # only this dataset needs networkx
-
-    graph = nx.karate_club_graph()
-    edges = torch.tensor(list(graph.edges()), dtype=torch.long).T
-    edge_index = torch.cat([edges, edges.flip(0)], dim=1)
-    y = torch.tensor(
-        [0 if graph.nodes[n]["club"] == "Mr. Hi" else 1 for n in graph.nodes()]
-    )
-    return {
-        "x": torch.eye(graph.number_of_nodes()),
-        "edge_index": edge_index,
-        "y": y,
-        "graph": graph,
-    }

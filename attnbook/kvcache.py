@@ -35,6 +35,9 @@ from __future__ import annotations
 import math
 
 import torch
+
+from .contract import check_decode
+from .flash import merge_partials
 from torch import nn
 
 from .positional import transformer_xl_relative_embeddings, transformer_xl_scores
@@ -608,49 +611,12 @@ class PagedKVCache:
 # --------------------------------------------------------------------------------------
 # Split-KV decoding (flash-decoding)
 # --------------------------------------------------------------------------------------
-def _check_decode(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cache_seqlens: torch.Tensor,
-) -> None:
-    if q.dim() != 4 or q.shape[2] != 1:
-        raise ValueError(
-            f"q must have shape (batch, heads, 1, head_dim), got {tuple(q.shape)}"
-        )
-    if (
-        k_cache.dim() != 4
-        or k_cache.shape != v_cache.shape
-        or k_cache.shape[0] != q.shape[0]
-        or k_cache.shape[-1] != q.shape[-1]
-        or q.shape[1] % k_cache.shape[1]
-    ):
-        raise ValueError(
-            "k_cache and v_cache must have shape (batch, kv_heads, max_len, head_dim) "
-            "with heads a "
-            f"multiple of kv_heads; got q {tuple(q.shape)}, k_cache "
-            f"{tuple(k_cache.shape)}, "
-            f"v_cache {tuple(v_cache.shape)}"
-        )
-    if cache_seqlens.shape != (q.shape[0],) or cache_seqlens.is_floating_point():
-        raise ValueError(
-            f"cache_seqlens must be an integer tensor of shape ({q.shape[0]},), got "
-            f"{cache_seqlens.dtype} {tuple(cache_seqlens.shape)}"
-        )
-    if len(cache_seqlens) and (
-        int(cache_seqlens.max()) > k_cache.shape[2] or int(cache_seqlens.min()) < 0
-    ):
-        raise ValueError(
-            f"cache_seqlens must lie in [0, max_len={k_cache.shape[2]}], got "
-            f"{cache_seqlens.tolist()}"
-        )
-
-
 def split_kv_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     cache_seqlens: torch.Tensor,
+    *,
     num_splits: int = 4,
     scale: float | None = None,
 ) -> torch.Tensor:
@@ -675,10 +641,10 @@ def split_kv_attention(
             kv_heads)``).
         cache_seqlens: ``(batch,)`` integers, the valid length of each sequence's cache.
 
-    Returns ``(batch, heads, 1, head_dim)``; a sequence with length 0 gets zeros. Splits
-    run in fp32.
+    Returns ``(batch, heads, 1, Ev)``; a sequence with length 0 gets zeros. Splits run
+    in fp32 and merge with :func:`attnbook.flash.merge_partials`.
     """
-    _check_decode(q, k_cache, v_cache, cache_seqlens)
+    check_decode("split_kv_attention", q, k_cache, v_cache, cache_seqlens)
     if num_splits < 1:
         raise ValueError(f"num_splits must be positive, got {num_splits}")
     B, H, _, d = q.shape
@@ -705,16 +671,16 @@ def split_kv_attention(
     m_safe = torch.where(torch.isinf(m), torch.zeros_like(m), m)
     p = torch.exp(scores - m_safe[..., None])
     l = p.sum(-1)
+    dv = v.shape[-1]
     o = (
-        torch.einsum("bhns,bhnsd->bhnd", p, v.view(B, H, num_splits, split_len, d))
+        torch.einsum("bhns,bhnsd->bhnd", p, v.view(B, H, num_splits, split_len, dv))
         / l.clamp_min(1e-30)[..., None]
     )
     lse = m_safe + torch.log(l)  # -inf for an empty split
-    # merge: weights exp(lse_s - max lse), zero for empty splits (and for empty
-    # sequences)
-    top = lse.amax(-1, keepdim=True)
-    w = torch.exp(lse - torch.where(torch.isinf(top), torch.zeros_like(top), top))
-    out = (w[..., None] * o).sum(-2) / w.sum(-1).clamp_min(1e-30)[..., None]
+    # merge the splits with the log-sum-exp rule (an empty split weighs nothing)
+    out, total = o[..., 0, :], lse[..., 0]
+    for s in range(1, num_splits):
+        out, total = merge_partials(out, total, o[..., s, :], lse[..., s])
     return out.unsqueeze(2).to(q.dtype)
 
 
@@ -723,27 +689,36 @@ def decode_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     cache_seqlens: torch.Tensor,
+    *,
     num_splits: int | None = None,
+    scale: float | None = None,
     backend: str = "auto",
-) -> torch.Tensor:
+    return_backend: bool = False,
+):
     """Split-KV decoding: the Triton kernel
     (:func:`attnbook.kernels.decode.decode_attention`) when ``backend="triton"`` or,
     with ``"auto"``, when the tensors are on a CUDA GPU that can run it
     (:func:`attnbook.kernels.plan`); :func:`split_kv_attention` (``backend="torch"``)
-    otherwise. Shapes as in :func:`split_kv_attention`;
-    ``decode_attention.last_backend`` records which one ran.
+    otherwise. Shapes as in :func:`split_kv_attention`. With ``return_backend=True``
+    it returns ``(out, backend)``, the backend that ran.
     """
     if backend not in ("auto", "triton", "torch"):
         raise ValueError(
             f"backend must be 'auto', 'triton' or 'torch', got {backend!r}"
         )
+    check_decode("decode_attention", q, k_cache, v_cache, cache_seqlens)
     if backend == "auto":
         from .kernels import plan_for
 
-        backend = plan_for("decode", q)[0]
-    decode_attention.last_backend = backend
+        backend = plan_for("decode", q, v_cache)[0]
     if backend == "triton":
         from .kernels.decode import decode_attention as triton_decode_attention
 
-        return triton_decode_attention(q, k_cache, v_cache, cache_seqlens, num_splits)
-    return split_kv_attention(q, k_cache, v_cache, cache_seqlens, num_splits or 4)
+        out = triton_decode_attention(
+            q, k_cache, v_cache, cache_seqlens, num_splits=num_splits, scale=scale
+        )
+    else:
+        out = split_kv_attention(
+            q, k_cache, v_cache, cache_seqlens, num_splits=num_splits or 4, scale=scale
+        )
+    return (out, backend) if return_backend else out

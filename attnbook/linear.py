@@ -35,7 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .core import _check_qkv, causal_mask, scaled_dot_product_attention
+from .contract import check_qkv, grouped_kv
+from .core import causal_mask, scaled_dot_product_attention
 
 __all__ = [
     "compress_sequence",
@@ -115,7 +116,8 @@ def memory_compressed_attention(
     in it is visible, i.e. ``(b + 1) s - 1 <= i + S - L``; queries that see no complete
     block return zeros. Returns ``(..., L, Ev)``.
     """
-    _check_qkv(q, k, v)
+    check_qkv("memory_compressed_attention", q, k, v)
+    k, v = grouped_kv(q, k, v)
     if weight_k.shape[-1] != weight_v.shape[-1]:
         raise ValueError(
             f"weight_k {tuple(weight_k.shape)} and weight_v {tuple(weight_v.shape)} "
@@ -210,7 +212,8 @@ def linformer_attention(
     ``O(L n d)``. Every projected key mixes *all* positions, so there is no causal
     version. Returns ``(..., L, dv)``.
     """
-    _check_qkv(q, k, v)
+    check_qkv("linformer_attention", q, k, v)
+    k, v = grouped_kv(q, k, v)
     n = k.shape[-2]
     for name, P in (("E", E), ("F", F)):
         if P.dim() != 2 or P.shape[1] != n:
@@ -336,6 +339,7 @@ def linear_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    *,
     feature_map: FeatureMap = elu_feature_map,
     is_causal: bool = False,
     eps: float = 1e-6,
@@ -356,7 +360,8 @@ def linear_attention(
     Ev)`` memory; a query that sees no key returns zeros. Equal to
     ``linear_attention_weights(q, k, ...) @ v``. Returns ``(..., L, Ev)``.
     """
-    _check_qkv(q, k, v)
+    check_qkv("linear_attention", q, k, v)
+    k, v = grouped_kv(q, k, v)
     return _kernel_attention(feature_map(q), feature_map(k), v, is_causal, eps)
 
 
@@ -365,6 +370,7 @@ def linear_attention_step(
     k: torch.Tensor,
     v: torch.Tensor,
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
     feature_map: FeatureMap = elu_feature_map,
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -398,6 +404,7 @@ def linear_attention_recurrent(
     k: torch.Tensor,
     v: torch.Tensor,
     state: tuple[torch.Tensor, torch.Tensor] | None = None,
+    *,
     feature_map: FeatureMap = elu_feature_map,
     eps: float = 1e-6,
 ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
@@ -407,10 +414,11 @@ def linear_attention_recurrent(
     ``q``, ``k``: ``(..., n, E)``; ``v``: ``(..., n, Ev)``, one query per key
     (self-attention). ``state``: the ``(S, z)`` left by an earlier call (continue a
     sequence), zeros when ``None``. Returns ``(out (..., n, Ev), (S, z))``; with
-    ``state=None`` ``out`` equals ``linear_attention(q, k, v, feature_map,
+    ``state=None`` ``out`` equals ``linear_attention(q, k, v, feature_map=feature_map,
     is_causal=True, eps=eps)``. ``n`` sequential steps.
     """
-    _check_qkv(q, k, v)
+    check_qkv("linear_attention_recurrent", q, k, v)
+    k, v = grouped_kv(q, k, v)
     if q.shape[-2] != k.shape[-2]:
         raise ValueError(
             f"the recurrent form needs one query per key, got q {tuple(q.shape)} and "
@@ -423,7 +431,12 @@ def linear_attention_recurrent(
     outs = []
     for i in range(q.shape[-2]):
         out, state = linear_attention_step(
-            q[..., i, :], k[..., i, :], v[..., i, :], state, feature_map, eps
+            q[..., i, :],
+            k[..., i, :],
+            v[..., i, :],
+            state,
+            feature_map=feature_map,
+            eps=eps,
         )
         outs.append(out)
     return torch.stack(outs, dim=-2), state
@@ -437,8 +450,8 @@ def delta_rule_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     beta: torch.Tensor | float,
-    feature_map: FeatureMap = elu_feature_map,
     *,
+    feature_map: FeatureMap = elu_feature_map,
     state: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     r"""Causal linear attention with the delta rule: a fast-weight memory that can
@@ -467,7 +480,8 @@ def delta_rule_attention(
     ``(..., M, Ev)`` memory left by an earlier call, zeros when ``None``. Returns ``(out
     (..., n, Ev), S (..., M, Ev))``, in ``n`` sequential steps.
     """
-    _check_qkv(q, k, v)
+    check_qkv("delta_rule_attention", q, k, v)
+    k, v = grouped_kv(q, k, v)
     n = q.shape[-2]
     if k.shape[-2] != n or n == 0:
         raise ValueError(
@@ -575,6 +589,7 @@ def performer_attention(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    *,
     n_features: int | None = None,
     projection: torch.Tensor | None = None,
     is_causal: bool = False,
@@ -591,7 +606,8 @@ def performer_attention(
     constant factors that cancel between the numerator and the denominator, but keep
     ``exp`` from overflowing. Returns ``(..., L, dv)``.
     """
-    _check_qkv(q, k, v)
+    check_qkv("performer_attention", q, k, v)
+    k, v = grouped_kv(q, k, v)
     d = q.shape[-1]
     if projection is None:
         m = max(1, round(d * math.log(d))) if n_features is None else n_features

@@ -40,9 +40,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .core import scaled_dot_product_attention
+from .core import MultiHeadAttention, scaled_dot_product_attention
 from .kernels import plan_for
-from .kvcache import KVCache
+from .kvcache import KVCache, decode_attention
 from .positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -96,26 +96,17 @@ class TransformerConfig:
             )
 
 
-class Attention(nn.Module):
-    """Multi-head self-attention with an optional rotary embedding and an optional
-    additive bias."""
+class Attention(MultiHeadAttention):
+    """:class:`attnbook.core.MultiHeadAttention` (the same projections, the same
+    grouped-query layout) as a decoder or encoder layer needs it: self-attention with an
+    optional rotary embedding, an optional additive bias, a KV cache and head masks."""
 
     def __init__(self, config: TransformerConfig, causal: bool, layer: int = 0):
-        super().__init__()
+        super().__init__(
+            config.d_model, config.n_heads, config.n_kv_heads, dropout=config.dropout
+        )
         self.layer = layer  # which slot of a KV cache this attention writes
-        self.n_heads = config.n_heads
-        self.n_kv_heads = config.n_kv_heads or config.n_heads
-        if self.n_heads % self.n_kv_heads:
-            raise ValueError(
-                f"n_heads={self.n_heads} must be a multiple of "
-                f"n_kv_heads={self.n_kv_heads}"
-            )
-        self.head_dim = config.d_model // config.n_heads
-        self.causal, self.dropout = causal, config.dropout
-        self.q_proj = nn.Linear(config.d_model, config.d_model)
-        self.k_proj = nn.Linear(config.d_model, self.n_kv_heads * self.head_dim)
-        self.v_proj = nn.Linear(config.d_model, self.n_kv_heads * self.head_dim)
-        self.out_proj = nn.Linear(config.d_model, config.d_model)
+        self.causal = causal
         self.rotary = (
             RotaryEmbedding(self.head_dim, config.rope_base)
             if config.positional == "rope"
@@ -142,9 +133,9 @@ class Attention(nn.Module):
         """
         B, T, _ = x.shape
         offset = cache.length if cache is not None else 0
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = self._split(self.q_proj(x), self.n_heads)
+        k = self._split(self.k_proj(x), self.n_kv_heads)
+        v = self._split(self.v_proj(x), self.n_kv_heads)
         # rotate after the projection, in every layer; cached keys stay rotated
         if self.rotary is not None:
             q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
@@ -159,16 +150,12 @@ class Attention(nn.Module):
                 and type(cache) is KVCache
                 and plan_for("decode", q)[0] == "triton"
             ):
-                # Triton: only imported on a GPU that runs it
-                from .kernels.decode import decode_attention
-
+                # one token against the whole cache: the split-KV decoding kernel
                 lengths = torch.full(
                     (B,), offset + 1, dtype=torch.int32, device=x.device
                 )
-                return self._merge_heads(decode_attention(q, k, v, lengths), head_mask)
-        group = self.n_heads // self.n_kv_heads
-        if group > 1:
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+                out = decode_attention(q, k, v, lengths, backend="triton")
+                return self._merge_heads(out, head_mask)
         out, weights = scaled_dot_product_attention(
             q,
             k,
@@ -177,6 +164,7 @@ class Attention(nn.Module):
             is_causal=self.causal,
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=True,
+            enable_gqa=True,  # n_kv_heads < n_heads: grouped-query attention
         )
         out = self._merge_heads(out, head_mask)
         return (out, weights) if return_weights else out

@@ -31,7 +31,8 @@ import math
 import torch
 from torch import nn
 
-from .core import _check_qkv, causal_mask, masked_softmax
+from .contract import attention_mask, check_qkv, grouped_kv
+from .core import causal_mask, masked_softmax
 
 __all__ = [
     "sinusoidal_encoding",
@@ -160,6 +161,7 @@ def shaw_relative_attention(
     attn_mask: torch.Tensor | None = None,
     *,
     is_causal: bool = False,
+    scale: float | None = None,
     return_weights: bool = False,
 ):
     r"""Self-attention with relative position representations (Shaw et al., 2018).
@@ -174,13 +176,15 @@ def shaw_relative_attention(
         rel_k, rel_v: learned tables ``(2 * max_distance + 1, d)``, one row per
             clipped offset.
         max_distance: ``k``; offsets further than ``k`` share the edge rows.
-        attn_mask, is_causal: as in :func:`attnbook.core.scaled_dot_product_attention`.
+        attn_mask, is_causal, scale: as in
+            :func:`attnbook.core.scaled_dot_product_attention`.
 
     Returns ``(..., L, d)`` (and the ``(..., L, S)`` weights with
     ``return_weights=True``). The ``(L, S, d)`` gathered tables cost ``O(L S d)``
     memory, the price of this form.
     """
-    _check_qkv(q, k, v)
+    check_qkv("shaw_relative_attention", q, k, v)
+    k, v = grouped_kv(q, k, v)
     if max_distance < 0:
         raise ValueError(f"max_distance must be non-negative, got {max_distance}")
     d, L, S = q.shape[-1], q.shape[-2], k.shape[-2]
@@ -190,15 +194,10 @@ def shaw_relative_attention(
     index = offsets.clamp(-max_distance, max_distance) + max_distance
     a_k, a_v = rel_k[index], rel_v[index]  # (L, S, d)
     scores = q @ k.transpose(-2, -1) + torch.einsum("...id,ijd->...ij", q, a_k)
-    scores = scores / math.sqrt(d)
-    if is_causal:
-        causal = causal_mask(L, S, device=q.device)
-        if attn_mask is None:
-            attn_mask = causal
-        elif attn_mask.dtype == torch.bool:
-            attn_mask = attn_mask & causal
-        else:
-            attn_mask = attn_mask.masked_fill(~causal, float("-inf"))
+    scores = scores * (1.0 / math.sqrt(d) if scale is None else scale)
+    attn_mask = attention_mask(
+        "shaw_relative_attention", q, k, attn_mask, is_causal=is_causal
+    )
     weights = masked_softmax(scores, attn_mask)
     out = weights @ v + torch.einsum("...ij,ijd->...id", weights, a_v)
     return (out, weights) if return_weights else out

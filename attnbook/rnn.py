@@ -8,15 +8,17 @@ feeding and local attention (local-m, local-p); Tu et al. (2016) and See, Liu & 
 recognition.
 
 Shapes in this module are per decoder step: a query is ``(B, Dq)`` (one decoder state
-per example), the keys are the encoder states ``(B, S, Dk)``, the source mask is ``(B,
-S)`` bool (True = real token). Every attention module returns ``(context (B, Dk),
-weights (B, S))``; masked positions get exactly zero weight (the scores go through
-:func:`attnbook.core.masked_softmax`).
+per example), the keys are the encoder states ``(B, S, Dk)``, and the keyword-only
+``key_padding_mask`` is ``(B, S)`` bool, True where a source position is padding to
+ignore (the convention of ``torch.nn.MultiheadAttention``). Every attention module
+returns ``(context (B, Dk), weights (B, S))``; padded positions get exactly zero weight
+(the scores go through :func:`attnbook.core.masked_softmax`). :class:`Seq2Seq` takes a
+batch's ``src_mask`` (True = real token, as :meth:`attnbook.data.Task.encode` makes it)
+and hands ``~src_mask`` to its attention.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import NamedTuple
 
@@ -31,7 +33,8 @@ from .core import (
     hard_attention_weights,
     masked_softmax,
 )
-from .data import BOS, EOS, PAD, Task
+from .data import BOS, EOS, PAD, RepeatedSegments, Task
+from .utils import single_thread
 
 __all__ = [
     "BahdanauAttention",
@@ -41,14 +44,11 @@ __all__ = [
     "accumulated_coverage",
     "repeated_attention",
     "LocationAwareAttention",
-    "RepeatedSegments",
-    "repeated_segments",
     "weight_on_target",
     "train_aligner",
     "Decoded",
     "Seq2Seq",
     "sequence_loss",
-    "single_thread",
     "train_seq2seq",
     "exact_match",
     "input_gradient_norms",
@@ -57,7 +57,11 @@ __all__ = [
 
 
 def _check_step_inputs(
-    query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None, dq: int, dk: int
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    key_padding_mask: torch.Tensor | None,
+    dq: int,
+    dk: int,
 ) -> None:
     if query.dim() != 2 or query.shape[1] != dq:
         raise ValueError(
@@ -68,21 +72,21 @@ def _check_step_inputs(
             f"keys must have shape (B={query.shape[0]}, S, Dk={dk}), got "
             f"{tuple(keys.shape)}"
         )
-    if mask is not None and (mask.dtype != torch.bool or mask.shape != keys.shape[:2]):
+    kpm = key_padding_mask
+    if kpm is not None and (kpm.dtype != torch.bool or kpm.shape != keys.shape[:2]):
         raise ValueError(
-            f"mask must be a bool tensor of shape (B, S) = {tuple(keys.shape[:2])}, "
-            f"got {mask.dtype} {tuple(mask.shape)}"
+            "key_padding_mask must be a bool tensor (True = padding) of shape (B, S) = "
+            f"{tuple(keys.shape[:2])}, got {kpm.dtype} {tuple(kpm.shape)}"
         )
 
 
 def _attend(
-    scores: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None
+    scores: torch.Tensor, keys: torch.Tensor, key_padding_mask: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``weights = masked_softmax(scores)`` over ``S``, ``context = sum_j weights_j
-    keys_j``."""
-    weights = masked_softmax(
-        scores.unsqueeze(1), None if mask is None else mask.unsqueeze(1)
-    ).squeeze(1)
+    """``weights = masked_softmax(scores)`` over ``S`` (padding left out), ``context =
+    sum_j weights_j keys_j``."""
+    keep = None if key_padding_mask is None else ~key_padding_mask.unsqueeze(1)
+    weights = masked_softmax(scores.unsqueeze(1), attn_mask=keep).squeeze(1)
     return (weights.unsqueeze(1) @ keys).squeeze(1), weights
 
 
@@ -101,7 +105,7 @@ class BahdanauAttention(nn.Module):
     """
 
     def __init__(
-        self, query_dim: int, key_dim: int, hidden_dim: int, coverage: bool = False
+        self, query_dim: int, key_dim: int, hidden_dim: int, *, coverage: bool = False
     ):
         super().__init__()
         self.query_dim, self.key_dim, self.coverage = query_dim, key_dim, coverage
@@ -142,24 +146,26 @@ class BahdanauAttention(nn.Module):
         self,
         query: torch.Tensor,
         keys: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
         coverage: torch.Tensor | None = None,
         keys_proj: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``query`` ``(B, Dq)`` (the previous decoder state), ``keys`` ``(B, S, Dk)``,
+        ``key_padding_mask`` ``(B, S)`` bool (True = padding, gets zero weight),
         ``coverage`` ``(B, S)``.
 
         ``keys_proj``: ``project_keys(keys)`` when the caller has it already. Returns
         ``(context (B, Dk), weights (B, S))``.
         """
-        _check_step_inputs(query, keys, mask, self.query_dim, self.key_dim)
+        _check_step_inputs(query, keys, key_padding_mask, self.query_dim, self.key_dim)
         if coverage is not None and coverage.shape != keys.shape[:2]:
             raise ValueError(
                 f"coverage must have shape (B, S) = {tuple(keys.shape[:2])}, got "
                 f"{tuple(coverage.shape)}"
             )
         keys_proj = self.project_keys(keys) if keys_proj is None else keys_proj
-        return _attend(self.scores(query, keys_proj, coverage), keys, mask)
+        return _attend(self.scores(query, keys_proj, coverage), keys, key_padding_mask)
 
 
 # --------------------------------------------------------------------------------------
@@ -181,6 +187,7 @@ class LuongAttention(nn.Module):
         self,
         query_dim: int,
         key_dim: int,
+        *,
         method: str = "general",
         hidden_dim: int | None = None,
     ):
@@ -219,12 +226,16 @@ class LuongAttention(nn.Module):
         return additive_score(q, keys, W_q, W_k, self.v_a).squeeze(1)
 
     def forward(
-        self, query: torch.Tensor, keys: torch.Tensor, mask: torch.Tensor | None = None
+        self,
+        query: torch.Tensor,
+        keys: torch.Tensor,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``query`` ``(B, Dq)``, ``keys`` ``(B, S, Dk)`` -> ``(context (B, Dk), weights
-        (B, S))``."""
-        _check_step_inputs(query, keys, mask, self.query_dim, self.key_dim)
-        return _attend(self.scores(query, keys), keys, mask)
+        """``query`` ``(B, Dq)``, ``keys`` ``(B, S, Dk)``, ``key_padding_mask`` ``(B,
+        S)`` bool (True = padding) -> ``(context (B, Dk), weights (B, S))``."""
+        _check_step_inputs(query, keys, key_padding_mask, self.query_dim, self.key_dim)
+        return _attend(self.scores(query, keys), keys, key_padding_mask)
 
 
 # --------------------------------------------------------------------------------------
@@ -252,6 +263,7 @@ class LocalAttention(nn.Module):
         self,
         query_dim: int,
         key_dim: int,
+        *,
         window: int = 2,
         mode: str = "local-p",
         hidden_dim: int | None = None,
@@ -267,13 +279,13 @@ class LocalAttention(nn.Module):
             window,
             mode,
         )
-        self.score = LuongAttention(query_dim, key_dim, "general")
+        self.score = LuongAttention(query_dim, key_dim, method="general")
         if mode == "local-p":
             self.W_p = nn.Linear(query_dim, hidden_dim or query_dim, bias=False)
             self.v_p = nn.Linear(hidden_dim or query_dim, 1, bias=False)
 
     def centre(
-        self, query: torch.Tensor, lengths: torch.Tensor, step: int | None = None
+        self, query: torch.Tensor, lengths: torch.Tensor, *, step: int | None = None
     ) -> torch.Tensor:
         """The aligned source position :math:`p_t`, shape ``(B,)``; ``lengths`` ``(B,)``
         are the source lengths."""
@@ -291,29 +303,31 @@ class LocalAttention(nn.Module):
         self,
         query: torch.Tensor,
         keys: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
         step: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``query`` ``(B, Dq)``, ``keys`` ``(B, S, Dk)``, ``step``: decoder step ``t``
-        (local-m).
+        """``query`` ``(B, Dq)``, ``keys`` ``(B, S, Dk)``, ``key_padding_mask`` ``(B,
+        S)`` bool (True = padding), ``step``: decoder step ``t`` (local-m).
 
         Returns ``(context (B, Dk), weights (B, S))``; weights are zero outside the
-        window.
+        window and on padding.
         """
-        _check_step_inputs(query, keys, mask, self.query_dim, self.key_dim)
+        _check_step_inputs(query, keys, key_padding_mask, self.query_dim, self.key_dim)
         B, S = keys.shape[:2]
-        mask = (
+        real = (
             torch.ones(B, S, dtype=torch.bool, device=keys.device)
-            if mask is None
-            else mask
+            if key_padding_mask is None
+            else ~key_padding_mask
         )
-        p = self.centre(query, mask.sum(-1), step).unsqueeze(1)  # (B, 1)
+        p = self.centre(query, real.sum(-1), step=step).unsqueeze(1)  # (B, 1)
         # (1, S)
         positions = torch.arange(S, device=keys.device, dtype=query.dtype).unsqueeze(0)
         in_window = (positions - p).abs() <= self.window
         sigma = self.window / 2
         align = masked_softmax(
-            self.score.scores(query, keys).unsqueeze(1), (mask & in_window).unsqueeze(1)
+            self.score.scores(query, keys).unsqueeze(1),
+            attn_mask=(real & in_window).unsqueeze(1),
         ).squeeze(1)
         weights = align * torch.exp(-((positions - p) ** 2) / (2 * sigma**2))
         return (weights.unsqueeze(1) @ keys).squeeze(1), weights
@@ -391,6 +405,7 @@ class LocationAwareAttention(nn.Module):
         query_dim: int,
         key_dim: int,
         hidden_dim: int,
+        *,
         n_filters: int = 4,
         kernel_size: int = 15,
         location: bool = True,
@@ -428,15 +443,16 @@ class LocationAwareAttention(nn.Module):
         self,
         query: torch.Tensor,
         keys: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
         prev_weights: torch.Tensor | None = None,
         keys_proj: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        r"""``query`` ``(B, Dq)``, ``keys`` ``(B, S, Dk)``, ``prev_weights``
-        :math:`\alpha_{i-1}` ``(B, S)``; ``None`` means the alignment starts on the
-        first frame (a one-hot on frame 0). Returns ``(context (B, Dk), weights (B,
-        S))``."""
-        _check_step_inputs(query, keys, mask, self.query_dim, self.key_dim)
+        r"""``query`` ``(B, Dq)``, ``keys`` ``(B, S, Dk)``, ``key_padding_mask`` ``(B,
+        S)`` bool (True = padding), ``prev_weights`` :math:`\alpha_{i-1}` ``(B, S)``;
+        ``None`` means the alignment starts on the first frame (a one-hot on frame 0).
+        Returns ``(context (B, Dk), weights (B, S))``."""
+        _check_step_inputs(query, keys, key_padding_mask, self.query_dim, self.key_dim)
         if prev_weights is None:
             prev_weights = torch.zeros_like(keys[..., 0])
             prev_weights[:, 0] = 1.0
@@ -446,89 +462,30 @@ class LocationAwareAttention(nn.Module):
                 f"{tuple(prev_weights.shape)}"
             )
         keys_proj = self.V(keys) if keys_proj is None else keys_proj
-        return _attend(self.scores(query, keys_proj, prev_weights), keys, mask)
+        scores = self.scores(query, keys_proj, prev_weights)
+        return _attend(scores, keys, key_padding_mask)
 
     def align(
         self,
         queries: torch.Tensor,
         keys: torch.Tensor,
-        mask: torch.Tensor | None = None,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Run the alignment through ``T`` steps, each fed its own previous weights:
         ``queries`` ``(B, T, Dq)`` -> weights ``(B, T, S)``. Step 0 starts from the
-        first frame."""
+        first frame; ``key_padding_mask`` ``(B, S)`` is True on padded frames."""
         keys_proj, prev, steps = self.V(keys), None, []
         for t in range(queries.shape[1]):
-            _, prev = self(queries[:, t], keys, mask, prev, keys_proj)
+            _, prev = self(
+                queries[:, t],
+                keys,
+                key_padding_mask=key_padding_mask,
+                prev_weights=prev,
+                keys_proj=keys_proj,
+            )
             steps.append(prev)
         return torch.stack(steps, 1)
-
-
-class RepeatedSegments(NamedTuple):
-    """A batch of :func:`repeated_segments`: ``frames`` ``(B, S, D)``, ``mask`` ``(B,
-    S)``, ``queries`` ``(B, T, n_symbols)`` one-hot, ``alignment`` ``(B, T, S)`` bool
-    (the frames of the symbol spelled at step ``t``)."""
-
-    frames: torch.Tensor
-    mask: torch.Tensor
-    queries: torch.Tensor
-    alignment: torch.Tensor
-
-
-def repeated_segments(
-    n: int,
-    repeats: int,
-    *,
-    word_len: int = 3,
-    n_symbols: int = 5,
-    dim: int = 8,
-    frames_per_symbol: tuple[int, int] = (2, 4),
-    noise: float = 0.3,
-    generator: torch.Generator | None = None,
-) -> RepeatedSegments:
-    """A speech-like alignment task: a word of ``word_len`` symbols repeated ``repeats``
-    times, each symbol held for a few noisy frames.
-
-    Every symbol has a fixed random prototype in ``R^dim`` (the same in every call);
-    a frame is its symbol's prototype plus Gaussian noise of standard deviation
-    ``noise``. Neighbouring symbols differ, so segment boundaries are visible, but every
-    symbol occurs ``repeats`` times: content alone cannot tell the copies apart. The
-    ``T = word_len * repeats`` queries are the symbols to find, in order.
-    """
-    if n_symbols < 3 or word_len < 2:
-        raise ValueError("need n_symbols >= 3 and word_len >= 2")
-    prototypes = torch.randn(n_symbols, dim, generator=torch.Generator().manual_seed(0))
-    lo, hi = frames_per_symbol
-    T = word_len * repeats
-    examples = []
-    for _ in range(n):
-        word = [int(torch.randint(n_symbols, (1,), generator=generator))]
-        while len(word) < word_len:  # no symbol next to itself, also across copies
-            s = int(torch.randint(n_symbols, (1,), generator=generator))
-            if s != word[-1] and (len(word) < word_len - 1 or s != word[0]):
-                word.append(s)
-        spelled = torch.tensor(word * repeats)
-        durations = torch.randint(lo, hi + 1, (T,), generator=generator)
-        examples.append((spelled, durations))
-    S = max(int(d.sum()) for _, d in examples)
-    frames = torch.zeros(n, S, dim)
-    alignment = torch.zeros(n, T, S, dtype=torch.bool)
-    for i, (spelled, durations) in enumerate(examples):
-        ends = durations.cumsum(0)
-        for t, (start, end) in enumerate(
-            zip((ends - durations).tolist(), ends.tolist())
-        ):
-            alignment[i, t, start:end] = True
-        length = int(ends[-1])
-        symbol_of_frame = spelled.repeat_interleave(durations)
-        frames[i, :length] = prototypes[symbol_of_frame] + noise * torch.randn(
-            length, dim, generator=generator
-        )
-    mask = alignment.any(1)
-    queries = nn.functional.one_hot(
-        torch.stack([s for s, _ in examples]), n_symbols
-    ).float()
-    return RepeatedSegments(frames, mask, queries, alignment)
 
 
 def weight_on_target(weights: torch.Tensor, alignment: torch.Tensor) -> torch.Tensor:
@@ -544,21 +501,22 @@ def train_aligner(
     steps: int = 100,
     batch_size: int = 32,
     lr: float = 1e-2,
-    seed: int = 0,
+    generator: torch.Generator | None = None,
 ) -> list[float]:
     """Train an alignment with Adam. As in a speech recognizer, every step is fed the
     model's *own* previous weights (:meth:`LocationAwareAttention.align`); the loss is
     ``-log`` of the weight step ``t`` puts on the frames of segment ``t``, averaged
-    over the steps. Returns the loss of every update."""
-    order = torch.randperm(
-        len(task.frames), generator=torch.Generator().manual_seed(seed)
-    )
+    over the steps. The order of the examples is drawn from ``generator``. Returns the
+    loss of every update."""
+    order = torch.randperm(len(task.frames), generator=generator)
     optimizer = torch.optim.Adam(attention.parameters(), lr=lr)
     losses = []
     with single_thread():
         for step in range(steps):
             i = order[(step * batch_size + torch.arange(batch_size)) % len(order)]
-            w = attention.align(task.queries[i], task.frames[i], task.mask[i])
+            w = attention.align(
+                task.queries[i], task.frames[i], key_padding_mask=~task.mask[i]
+            )
             on_target = (w * task.alignment[i]).sum(-1)
             loss = -on_target.clamp_min(1e-9).log().mean()
             optimizer.zero_grad()
@@ -653,7 +611,9 @@ class Seq2Seq(nn.Module):
             if attention.startswith("local"):
                 self.attn = LocalAttention(q_dim, d_ctx, window=window, mode=attention)
             else:
-                self.attn = LuongAttention(q_dim, d_ctx, attention, hidden_dim=hidden)
+                self.attn = LuongAttention(
+                    q_dim, d_ctx, method=attention, hidden_dim=hidden
+                )
             self.combine = nn.Linear(d_ctx + hidden, hidden)
         else:
             self.cell = nn.GRUCell(emb_dim + d_ctx, hidden)
@@ -671,10 +631,11 @@ class Seq2Seq(nn.Module):
         self,
         src: torch.Tensor,
         src_mask: torch.Tensor,
+        *,
         embedded: torch.Tensor | None = None,
     ):
-        """``src`` ``(B, S)`` -> annotations ``(B, S, 2 * hidden)``, fixed summary ``(B,
-        2 * hidden)``.
+        """``src`` ``(B, S)``, ``src_mask`` ``(B, S)`` (True = real token) ->
+        annotations ``(B, S, 2 * hidden)``, fixed summary ``(B, 2 * hidden)``.
 
         ``embedded`` replaces ``src_emb(src)`` (used to take gradients with respect to
         the inputs).
@@ -713,18 +674,19 @@ class Seq2Seq(nn.Module):
         return state
 
     def _attend(self, query, memory, src_mask, state, t):
+        padding = ~src_mask  # the attention modules take True = padding
         if self.attention == "bahdanau":
             ctx, w = self.attn(
                 query,
                 memory,
-                src_mask,
-                state["coverage"] if self.coverage else None,
-                state["keys_proj"],
+                key_padding_mask=padding,
+                coverage=state["coverage"] if self.coverage else None,
+                keys_proj=state["keys_proj"],
             )
         elif self.attention.startswith("local"):
-            ctx, w = self.attn(query, memory, src_mask, step=t)
+            ctx, w = self.attn(query, memory, key_padding_mask=padding, step=t)
         else:
-            ctx, w = self.attn(query, memory, src_mask)
+            ctx, w = self.attn(query, memory, key_padding_mask=padding)
         # Xu et al.'s hard attention at inference: copy the single best annotation
         if self.hard:
             w = hard_attention_weights(w, attn_mask=w > 0)
@@ -767,11 +729,12 @@ class Seq2Seq(nn.Module):
         src: torch.Tensor,
         src_mask: torch.Tensor,
         tgt_in: torch.Tensor,
+        *,
         embedded: torch.Tensor | None = None,
     ) -> Decoded:
         """Teacher forcing: ``tgt_in`` ``(B, T)`` starts with ``BOS``; step ``t`` is fed
         the true ``y_{t-1}``."""
-        memory, summary = self.encode(src, src_mask, embedded)
+        memory, summary = self.encode(src, src_mask, embedded=embedded)
         state = self._initial_state(memory, summary)
         logits, weights, coverage = [], [], []
         for t in range(tgt_in.shape[1]):
@@ -787,7 +750,7 @@ class Seq2Seq(nn.Module):
     # ---------------------------------------------------------------------------
     @torch.no_grad()
     def greedy_decode(
-        self, src: torch.Tensor, src_mask: torch.Tensor, max_len: int = 20
+        self, src: torch.Tensor, src_mask: torch.Tensor, *, max_len: int = 20
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Pick the most likely token at every step: ``(tokens (B, T'), weights (B, T',
         S))``.
@@ -815,6 +778,7 @@ class Seq2Seq(nn.Module):
         self,
         src: torch.Tensor,
         src_mask: torch.Tensor,
+        *,
         beam_size: int = 4,
         max_len: int = 20,
     ) -> list[list[int]]:
@@ -891,21 +855,6 @@ def sequence_loss(model: Seq2Seq, batch: dict[str, torch.Tensor]) -> torch.Tenso
     return loss
 
 
-@contextlib.contextmanager
-def single_thread():
-    """Run PyTorch on one CPU thread inside the block, then restore the thread count.
-
-    A small recurrent model does hundreds of tiny matrix products per batch; on a CPU,
-    waking a second thread for each costs more than it saves (several times slower on a
-    busy machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
 def train_seq2seq(
     model: Seq2Seq,
     task: Task,
@@ -913,19 +862,19 @@ def train_seq2seq(
     epochs: int = 10,
     batch_size: int = 64,
     lr: float = 3e-3,
-    seed: int = 0,
+    generator: torch.Generator | None = None,
     progress: bool = True,
     grad_clip: float | None = 1.0,
 ):
     """Train ``model`` on ``task.train`` with :func:`attnbook.train.fit` (AdamW, tqdm
-    bar); returns its History."""
+    bar), the batches shuffled with ``generator``; returns its History."""
     from .train import fit
 
     with single_thread():
         return fit(
             model,
             sequence_loss,
-            task.batches(batch_size, seed=seed),
+            task.batches(batch_size, generator=generator),
             epochs=epochs,
             lr=lr,
             progress=progress,
@@ -934,7 +883,9 @@ def train_seq2seq(
 
 
 @torch.no_grad()
-def exact_match(model: Seq2Seq, task: Task, pairs=None, batch_size: int = 500) -> float:
+def exact_match(
+    model: Seq2Seq, task: Task, pairs=None, *, batch_size: int = 500
+) -> float:
     """Fraction of ``pairs`` (default: ``task.test``) whose greedy output equals the
     target exactly."""
     pairs = task.test if pairs is None else pairs

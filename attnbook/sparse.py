@@ -24,7 +24,7 @@ import math
 import torch
 from torch import nn
 
-from .core import _check_qkv
+from .contract import check_qkv, grouped_kv
 
 __all__ = [
     "sliding_window_mask",
@@ -53,22 +53,22 @@ def _check_positive(**values: int) -> None:
 # Token-level patterns (L = S = seq_len)
 # --------------------------------------------------------------------------------------
 def sliding_window_mask(
-    seq_len: int, window: int, causal: bool = False, dilation: int = 1
+    seq_len: int, window: int, *, is_causal: bool = False, dilation: int = 1
 ) -> torch.Tensor:
     """Local (sliding-window) attention: ``mask[i, j] = |i - j| <= window * dilation``
     and ``(i - j) % dilation == 0``.
 
     Each query sees ``window`` neighbours on each side (``2 window + 1`` keys including
     itself), spaced ``dilation`` apart, so the receptive field grows to ``window *
-    dilation`` at the same cost (Longformer's dilated windows). With ``causal`` only the
-    left half is kept (``j <= i``). Shape ``(seq_len, seq_len)``.
+    dilation`` at the same cost (Longformer's dilated windows). With ``is_causal`` only
+    the left half is kept (``j <= i``). Shape ``(seq_len, seq_len)``.
     """
     _check_positive(seq_len=seq_len, dilation=dilation)
     if not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be a non-negative integer, got {window!r}")
     offset = torch.arange(seq_len)[:, None] - torch.arange(seq_len)[None, :]  # i - j
     mask = (offset.abs() <= window * dilation) & (offset % dilation == 0)
-    return mask & (offset >= 0) if causal else mask
+    return mask & (offset >= 0) if is_causal else mask
 
 
 def global_mask(seq_len: int, global_idx) -> torch.Tensor:
@@ -305,7 +305,9 @@ def block_sparse_attention(
     v: torch.Tensor,
     block_mask: torch.Tensor,
     block_size: int,
+    *,
     is_causal: bool = False,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Scaled dot-product attention that computes only the tiles a block mask allows.
 
@@ -330,7 +332,8 @@ def block_sparse_attention(
     the total ``rows x width``. Chunks keep each step near ``_CHUNK_SCORES`` scores.
     Cost: ``O(active tiles * b^2 * E)``, i.e. ``O(n (w + g + r) E)`` for BigBird.
     """
-    _check_qkv(q, k, v)
+    check_qkv("block_sparse_attention", q, k, v)
+    k, v = grouped_kv(q, k, v)
     _check_positive(block_size=block_size)
     L, S, b = q.shape[-2], k.shape[-2], block_size
     n_qb, n_kb = -(-L // b), -(-S // b)
@@ -352,9 +355,8 @@ def block_sparse_attention(
         )
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     device = q.device
-    q = _pad_seq(q.expand(*batch, L, q.shape[-1]), n_qb * b) * (
-        1.0 / math.sqrt(q.shape[-1])
-    )
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    q = _pad_seq(q.expand(*batch, L, q.shape[-1]), n_qb * b) * scale
     k = _pad_seq(k.expand(*batch, S, k.shape[-1]), n_kb * b)
     v = _pad_seq(v.expand(*batch, S, v.shape[-1]), n_kb * b)
     q_pos = torch.arange(n_qb * b, device=device).view(n_qb, b)
@@ -408,23 +410,26 @@ def sliding_window_attention(
     k: torch.Tensor,
     v: torch.Tensor,
     window: int,
+    *,
     is_causal: bool = False,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Self-attention where query ``i`` sees keys ``|i - j| <= window`` (``i - window <=
     j <= i`` if causal).
 
-    Equal to dense attention with ``sliding_window_mask(n, window, causal=is_causal)``,
-    in ``O(n * window)`` memory: keys and values are zero-padded by ``window`` at both
-    ends and ``unfold`` makes the ``(..., n, 2 window + 1)`` windows as views, so the
-    scores are ``(..., n, 2 window + 1)`` instead of ``(..., n, n)``. Shapes ``(..., n,
-    E)``, ``(..., n, E)``, ``(..., n, Ev)`` -> ``(..., n, Ev)``; queries and keys must
-    have the same length ``n``.
+    Equal to dense attention with ``sliding_window_mask(n, window,
+    is_causal=is_causal)``, in ``O(n * window)`` memory: keys and values are zero-padded
+    by ``window`` at both ends and ``unfold`` makes the ``(..., n, 2 window + 1)``
+    windows as views, so the scores are ``(..., n, 2 window + 1)`` instead of ``(..., n,
+    n)``. Shapes ``(..., n, E)``, ``(..., n, E)``, ``(..., n, Ev)`` -> ``(..., n, Ev)``;
+    queries and keys must have the same length ``n``.
 
     Cost: ``n s`` scores with ``s = 2 window + 1`` keys per query (``window + 1`` if
     causal), so ``2 n s (E + Ev)`` FLOPs for the two matrix products: linear in ``n``
     and in ``window``.
     """
-    _check_qkv(q, k, v)
+    check_qkv("sliding_window_attention", q, k, v)
+    k, v = grouped_kv(q, k, v)
     if q.shape[-2] != k.shape[-2]:
         raise ValueError(
             "sliding_window_attention is self-attention: q and k need the same length, "
@@ -438,7 +443,8 @@ def sliding_window_attention(
     pad = (0, 0, window, right)
     k_win = torch.nn.functional.pad(k, pad).unfold(-2, span, 1)  # (..., n, E, span)
     v_win = torch.nn.functional.pad(v, pad).unfold(-2, span, 1)  # (..., n, Ev, span)
-    scores = (q.unsqueeze(-2) / math.sqrt(q.shape[-1])) @ k_win  # (..., n, 1, span)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    scores = (q.unsqueeze(-2) * scale) @ k_win  # (..., n, 1, span)
     key_pos = torch.arange(n, device=q.device)[:, None] + torch.arange(
         -window, right + 1, device=q.device
     )

@@ -151,7 +151,7 @@ def fit(
 
 
 def accuracy(
-    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int | None = None
+    logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int | None = None
 ) -> float:
     """Fraction of positions where ``argmax(logits, -1) == targets``.
 

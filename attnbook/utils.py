@@ -1,9 +1,10 @@
-"""Small helpers every chapter uses: reproducible seeds, the default device, showing
-source code, and the size of the largest tensor a computation creates (how the memory
-claims are tested)."""
+"""Small helpers every chapter uses: reproducible seeds, the default device, running on
+one CPU thread, showing source code, and the size of the largest tensor a computation
+creates (how the memory claims are tested)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import random
@@ -11,7 +12,13 @@ import random
 import numpy as np
 import torch
 
-__all__ = ["seed_everything", "default_device", "show_source", "largest_new_tensor"]
+__all__ = [
+    "seed_everything",
+    "default_device",
+    "single_thread",
+    "show_source",
+    "largest_new_tensor",
+]
 
 
 def seed_everything(seed: int = 0) -> torch.Generator:
@@ -37,6 +44,21 @@ def default_device() -> torch.device:
     if "ATTNBOOK_DEVICE" in os.environ:
         return torch.device(os.environ["ATTNBOOK_DEVICE"])
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@contextlib.contextmanager
+def single_thread():
+    """Run PyTorch on one CPU thread inside the block, then restore the thread count.
+
+    A small recurrent model does hundreds of tiny matrix products per batch; on a CPU,
+    waking a second thread for each costs more than it saves (several times slower on a
+    busy machine)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def show_source(

@@ -37,9 +37,6 @@ __all__ = [
     "attention_rollout",
     "RelativeSelfAttention2d",
     "conv_as_attention",
-    "SHAPES",
-    "COLOURS",
-    "shapes_captions",
     "CaptionModel",
 ]
 
@@ -249,7 +246,7 @@ class VisionTransformer(nn.Module):
 
     ``tokens = [cls; PatchEmbedding(x)] + pos`` of shape ``(B, 1 + N, dim)``; token 0 is
     [CLS], token ``1 + r * grid + c`` is the patch in row ``r``, column ``c``.
-    ``forward(x)`` returns logits ``(B, n_classes)``; with ``return_attention=True`` it
+    ``forward(x)`` returns logits ``(B, n_classes)``; with ``return_weights=True`` it
     returns ``(logits, attentions)``, a list of ``depth`` tensors ``(B, n_heads, 1 + N,
     1 + N)`` (each row sums to 1).
     """
@@ -279,7 +276,7 @@ class VisionTransformer(nn.Module):
         self.norm = nn.LayerNorm(dim)
         self.head = nn.Linear(dim, n_classes)
 
-    def forward(self, x: torch.Tensor, return_attention: bool = False):
+    def forward(self, x: torch.Tensor, *, return_weights: bool = False):
         patches = self.patch_embed(x)
         cls = self.cls_token.expand(patches.shape[0], -1, -1)
         tokens = torch.cat([cls, patches], dim=1) + self.pos_embed
@@ -288,10 +285,10 @@ class VisionTransformer(nn.Module):
             tokens, weights = block(tokens)
             attentions.append(weights)
         logits = self.head(self.norm(tokens[:, 0]))
-        return (logits, attentions) if return_attention else logits
+        return (logits, attentions) if return_weights else logits
 
 
-def attention_rollout(attentions, add_residual: bool = True) -> torch.Tensor:
+def attention_rollout(attentions, *, add_residual: bool = True) -> torch.Tensor:
     r"""Attention rollout (Abnar & Zuidema, 2020): how much each output token draws on
     each input token.
 
@@ -386,7 +383,7 @@ class RelativeSelfAttention2d(nn.Module):
             :, dy.to(self.rel_bias.device), dx.to(self.rel_bias.device)
         ]
 
-    def forward(self, x: torch.Tensor, return_weights: bool = False):
+    def forward(self, x: torch.Tensor, *, return_weights: bool = False):
         _check_image("x", x, self.in_channels)
         B, _, H, W = x.shape
         tokens = x.flatten(2).transpose(1, 2)  # (B, HW, C_in)
@@ -401,7 +398,7 @@ class RelativeSelfAttention2d(nn.Module):
             split(self.v_proj(tokens)),
         )
         out, weights = scaled_dot_product_attention(
-            q, k, v, self.position_bias(H, W).to(q.dtype), return_weights=True
+            q, k, v, attn_mask=self.position_bias(H, W).to(q.dtype), return_weights=True
         )
         out = self.out_proj(
             out.transpose(1, 2).reshape(B, H * W, self.n_heads * self.head_dim)
@@ -412,7 +409,7 @@ class RelativeSelfAttention2d(nn.Module):
 
 @torch.no_grad()
 def conv_as_attention(
-    weight: torch.Tensor, bias: torch.Tensor | None = None, peak: float = 50.0
+    weight: torch.Tensor, bias: torch.Tensor | None = None, *, peak: float = 50.0
 ) -> RelativeSelfAttention2d:
     r"""A :class:`RelativeSelfAttention2d` layer that computes the convolution
     ``F.conv2d(x, weight, bias)``.
@@ -477,82 +474,6 @@ def conv_as_attention(
 # --------------------------------------------------------------------------------------
 # Image captioning: where the decoder looks (Xu et al., 2015)
 # --------------------------------------------------------------------------------------
-SHAPES = ("square", "circle", "triangle", "cross")
-COLOURS = {"red": (0.9, 0.1, 0.1), "green": (0.1, 0.7, 0.2), "blue": (0.15, 0.3, 0.95)}
-
-
-def _shape_mask(shape: str, size: int) -> torch.Tensor:
-    """A ``size x size`` boolean stencil of one of :data:`SHAPES`."""
-    r = torch.arange(size, dtype=torch.float32) - (size - 1) / 2
-    y, x = r[:, None], r[None, :]
-    half = size / 2
-    if shape == "square":
-        return (y.abs() < half * 0.8) & (x.abs() < half * 0.8)
-    if shape == "circle":
-        return y**2 + x**2 < (half * 0.9) ** 2
-    if shape == "triangle":  # apex at the top, base at the bottom
-        return (
-            (y > -half * 0.9) & (y < half * 0.8) & (x.abs() < (y + half * 0.9) * 0.55)
-        )
-    if shape == "cross":
-        return (
-            ((y.abs() < half * 0.3) | (x.abs() < half * 0.3))
-            & (y.abs() < half * 0.9)
-            & (x.abs() < half * 0.9)
-        )
-    raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
-
-
-def shapes_captions(
-    n: int,
-    *,
-    grid: int = 3,
-    cell: int = 8,
-    n_objects: int = 2,
-    generator: torch.Generator | None = None,
-):
-    """A generated captioning task: coloured shapes in the cells of a ``grid x grid``
-    board.
-
-    Each image holds ``n_objects`` shapes in distinct cells; its caption names them in
-    reading order (row-major), colour then shape: ``<bos> red circle blue cross <eos>``.
-    Returns ``(images, captions, vocab, cells)``: images ``(n, 3, grid*cell,
-    grid*cell)`` in ``[0, 1]`` on a white background, captions ``(n, 2 + 2*n_objects)``
-    token ids into ``vocab`` (a list of words, ``vocab[0] = "<bos>"``, ``vocab[1] =
-    "<eos>"``), and ``cells`` ``(n, n_objects)``: the cell index of each named object.
-    """
-    if not 1 <= n_objects <= grid * grid:
-        raise ValueError(
-            f"n_objects must be in [1, grid*grid={grid * grid}], got {n_objects}"
-        )
-    colours = list(COLOURS)
-    vocab = ["<bos>", "<eos>", *colours, *SHAPES]
-    stencils = [_shape_mask(s, cell - 2) for s in SHAPES]
-    palette = torch.tensor([COLOURS[c] for c in colours])
-    size = grid * cell
-    images = torch.ones(n, 3, size, size)
-    captions = torch.empty(n, 2 + 2 * n_objects, dtype=torch.long)
-    cells = torch.empty(n, n_objects, dtype=torch.long)
-    captions[:, 0], captions[:, -1] = 0, 1
-    for i in range(n):
-        # reading order
-        chosen = (
-            torch.randperm(grid * grid, generator=generator)[:n_objects].sort().values
-        )
-        colour = torch.randint(len(colours), (n_objects,), generator=generator)
-        shape = torch.randint(len(SHAPES), (n_objects,), generator=generator)
-        cells[i] = chosen
-        for t, (c, col, shp) in enumerate(
-            zip(chosen.tolist(), colour.tolist(), shape.tolist())
-        ):
-            top, left = (c // grid) * cell + 1, (c % grid) * cell + 1
-            patch = images[i, :, top : top + cell - 2, left : left + cell - 2]
-            patch[:, stencils[shp]] = palette[col][:, None]
-            captions[i, 1 + 2 * t] = 2 + col
-            captions[i, 2 + 2 * t] = 2 + len(colours) + shp
-    return images, captions, vocab, cells
-
-
 class CaptionModel(nn.Module):
     r"""A small "show, attend and tell" captioner (Xu et al., 2015): CNN encoder, GRU
     decoder with additive attention.
@@ -625,7 +546,7 @@ class CaptionModel(nn.Module):
         return torch.stack(logits, dim=1), torch.stack(weights, dim=1)
 
     @torch.no_grad()
-    def generate(self, images: torch.Tensor, max_len: int, bos: int = 0):
+    def generate(self, images: torch.Tensor, *, max_len: int, bos: int = 0):
         """Greedy decoding from ``bos`` for ``max_len`` steps: tokens ``(B, max_len)``,
         weights ``(B, max_len, R)``."""
         regions = self.encode(images)

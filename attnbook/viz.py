@@ -35,6 +35,7 @@ def attention_heatmap(
     weights,
     x_labels: Sequence[str] | None = None,
     y_labels: Sequence[str] | None = None,
+    *,
     ax=None,
     title: str | None = None,
     annot: bool = False,
@@ -72,7 +73,7 @@ def attention_heatmap(
     return ax
 
 
-def plot_mask(mask, ax=None, title: str | None = None):
+def plot_mask(mask, *, ax=None, title: str | None = None):
     """Show a boolean mask (True = may attend) as dark cells on white; rows are
     queries."""
     m = to_numpy(mask)
@@ -91,6 +92,7 @@ def plot_mask(mask, ax=None, title: str | None = None):
 def loglog_plot(
     x: Sequence[float],
     series: Mapping[str, Sequence[float]],
+    *,
     ax=None,
     xlabel: str = "sequence length n",
     ylabel: str = "",

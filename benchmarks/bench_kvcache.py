@@ -60,7 +60,7 @@ def bench_kvcache_kernel(repeat: int) -> None:
         seqlens = torch.tensor([S], device="cuda")
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
         t_sdpa, ref = timed(sdpa, repeat)
-        t_one, _ = timed(lambda: decode_attention(q, k, v, seqlens, 1), repeat)
+        t_one, _ = timed(lambda: decode_attention(q, k, v, seqlens, num_splits=1), repeat)
         n = default_num_splits(32, S)
         t_split, out = timed(lambda: decode_attention(q, k, v, seqlens), repeat)
         diff = (out.float() - ref.float()).abs().max().item()

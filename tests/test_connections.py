@@ -235,7 +235,7 @@ def _routing_reference(u_hat, n_iter):
 @pytest.mark.parametrize("n_iter", [1, 3])
 def test_dynamic_routing_matches_the_loop_reference(gen, n_iter):
     u_hat = torch.randn(2, 5, 3, 4, generator=gen, dtype=torch.float64)
-    v, c = C.dynamic_routing(u_hat, n_iter)
+    v, c = C.dynamic_routing(u_hat, n_iter=n_iter)
     v_ref, c_ref = _routing_reference(u_hat, n_iter)
     torch.testing.assert_close(v, v_ref)
     torch.testing.assert_close(c, c_ref)
@@ -255,10 +255,10 @@ def test_hopfield_update_is_one_attention_step(gen):
 def test_hopfield_energy_never_increases(gen):
     X = torch.randn(12, 8, generator=gen, dtype=torch.float64)
     xi = torch.randn(4, 8, generator=gen, dtype=torch.float64)
-    energies = [C.hopfield_energy(xi, X, 0.5)]
+    energies = [C.hopfield_energy(xi, X, beta=0.5)]
     for _ in range(10):
-        xi = C.hopfield_update(xi, X, 0.5)
-        energies.append(C.hopfield_energy(xi, X, 0.5))
+        xi = C.hopfield_update(xi, X, beta=0.5)
+        energies.append(C.hopfield_energy(xi, X, beta=0.5))
     for before, after in zip(energies, energies[1:]):
         assert (after <= before + 1e-12).all()
     bound = 2 * X.norm(dim=-1).max() ** 2
@@ -271,7 +271,7 @@ def test_hopfield_retrieves_a_stored_pattern_from_a_noisy_query(gen):
     fixed, steps = C.hopfield_retrieve(query[None], X, beta=1.0)
     torch.testing.assert_close(fixed[0], X[7], atol=1e-5, rtol=0)
     assert steps <= 3
-    again = C.hopfield_update(fixed, X, 1.0)
+    again = C.hopfield_update(fixed, X, beta=1.0)
     torch.testing.assert_close(again, fixed, atol=1e-6, rtol=0)  # a fixed point
 
 
@@ -311,7 +311,7 @@ def test_gmlp_matches_the_formula_and_mixes_positions(gen):
 
 
 def test_causal_gmlp_ignores_the_future(gen):
-    block = C.GatedMLP(4, 6, seq_len=6, causal=True)
+    block = C.GatedMLP(4, 6, seq_len=6, is_causal=True)
     with torch.no_grad():
         block.spatial_weight.copy_(torch.randn(6, 6, generator=gen))
     x = torch.randn(1, 6, 4, generator=gen)
@@ -379,8 +379,8 @@ def test_target_attention_reference_and_padding(gen):
     din = C.TargetAttention(4, hidden=8)
     hist = torch.randn(2, 5, 4, generator=gen)
     target = torch.randn(2, 4, generator=gen)
-    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])
-    interest, w = din(hist, target, mask)
+    mask = torch.tensor([[True] * 5, [True, True, True, False, False]])  # True = real item
+    interest, w = din(hist, target, key_padding_mask=~mask)  # True = padding, as in PyTorch
     for bi in range(2):
         for t in range(5):
             feat = torch.cat([hist[bi, t], target[bi], hist[bi, t] - target[bi], hist[bi, t] * target[bi]])
@@ -389,9 +389,11 @@ def test_target_attention_reference_and_padding(gen):
     torch.testing.assert_close(interest, (w.unsqueeze(-1) * hist).sum(1))
     hist_changed = hist.clone()
     hist_changed[1, 3:] = 100.0  # padding does not leak
-    torch.testing.assert_close(din(hist_changed, target, mask)[0], interest)
+    torch.testing.assert_close(din(hist_changed, target, key_padding_mask=~mask)[0], interest)
     softmaxed = C.TargetAttention(4, hidden=8, normalize=True)
-    torch.testing.assert_close(softmaxed(hist, target, mask)[1].sum(-1), torch.ones(2))
+    torch.testing.assert_close(softmaxed(hist, target, key_padding_mask=~mask)[1].sum(-1), torch.ones(2))
+    with pytest.raises(ValueError, match="key_padding_mask"):
+        din(hist, target, key_padding_mask=~mask[:, :4])
 
 
 def test_target_attention_weights_are_not_normalized(gen):
@@ -408,7 +410,7 @@ def test_attention_pooling_and_han_shapes_and_masks(gen):
     pool = C.AttentionPooling(6, hidden=5)
     h = torch.randn(3, 4, 6, generator=gen)
     mask = torch.tensor([[True] * 4, [True, True, False, False], [False] * 4])
-    s, alpha = pool(h, mask)
+    s, alpha = pool(h, key_padding_mask=~mask)
     expected = torch.softmax((torch.tanh(pool.proj(h)) @ pool.context).masked_fill(~mask, float("-inf"))[:2], -1)
     torch.testing.assert_close(alpha[:2], expected)
     assert (alpha[2] == 0).all() and (s[2] == 0).all()  # a fully padded sequence gives zeros, not NaN
@@ -426,10 +428,14 @@ def test_attention_pooling_and_han_shapes_and_masks(gen):
 def test_coattention_is_two_cross_attentions(gen):
     a = torch.randn(2, 5, 4, generator=gen)
     b = torch.randn(2, 7, 4, generator=gen)
-    mask_b = torch.rand(2, 7, generator=gen) > 0.3
-    a_ctx, b_ctx, w_ab, w_ba = C.coattention(a, b, mask_b=mask_b)
-    torch.testing.assert_close(a_ctx, scaled_dot_product_attention(a, b, b, mask_b[:, None, :], scale=1.0))
+    real_b = torch.rand(2, 7, generator=gen) > 0.3
+    a_ctx, b_ctx, w_ab, w_ba = C.coattention(a, b, key_padding_mask_b=~real_b)
+    torch.testing.assert_close(a_ctx, scaled_dot_product_attention(a, b, b, real_b[:, None, :], scale=1.0))
     torch.testing.assert_close(b_ctx, scaled_dot_product_attention(b, a, a, scale=1.0))
+    real_a = torch.tensor([[True] * 5, [True, True, False, False, False]])
+    _, b_ctx, _, w_ba = C.coattention(a, b, key_padding_mask_a=~real_a)
+    assert (w_ba[1][:, 2:] == 0).all()  # True = padding: no weight on a's padded words
+    torch.testing.assert_close(b_ctx, scaled_dot_product_attention(b, a, a, real_a[:, None, :], scale=1.0))
     torch.testing.assert_close(w_ab.transpose(-2, -1).shape, w_ba.shape)
     with pytest.raises(ValueError, match="share d"):
         C.coattention(a, torch.randn(2, 7, 3))

@@ -271,27 +271,27 @@ def _t(*shape, dtype=torch.float32):
 
 
 SDPA_ERRORS = [
-    (dict(q=_t(4), k=_t(3, 4), v=_t(3, 4)), r"^q must have at least 2 dimensions"),
-    (dict(q=_t(2, 4), k=_t(4), v=_t(3, 4)), r"^k must have at least 2 dimensions"),
-    (dict(q=_t(2, 4), k=_t(3, 4), v=_t(4)), r"^v must have at least 2 dimensions"),
+    (dict(q=_t(4), k=_t(3, 4), v=_t(3, 4)), r"q must have at least 2 dimensions"),
+    (dict(q=_t(2, 4), k=_t(4), v=_t(3, 4)), r"k must have at least 2 dimensions"),
+    (dict(q=_t(2, 4), k=_t(3, 4), v=_t(4)), r"v must have at least 2 dimensions"),
     (dict(q=_t(2, 4), k=_t(3, 5), v=_t(3, 4)), r"q and k must have the same last dimension"),
     (dict(q=_t(2, 4), k=_t(3, 4), v=_t(5, 4)), r"k and v must have the same sequence length"),
-    (dict(q=_t(2, 4, dtype=torch.int64), k=_t(3, 4), v=_t(3, 4)), r"^q must be a floating-point"),
-    (dict(q=_t(2, 4), k=_t(3, 4, dtype=torch.bool), v=_t(3, 4)), r"^k must be a floating-point"),
-    (dict(q=[[0.0]], k=_t(3, 4), v=_t(3, 4)), r"^q must be a torch.Tensor"),
+    (dict(q=_t(2, 4, dtype=torch.int64), k=_t(3, 4), v=_t(3, 4)), r"q must be a floating-point"),
+    (dict(q=_t(2, 4), k=_t(3, 4, dtype=torch.bool), v=_t(3, 4)), r"k must be a floating-point"),
+    (dict(q=[[0.0]], k=_t(3, 4), v=_t(3, 4)), r"q must be a torch.Tensor"),
     (dict(q=_t(2, 4), k=_t(3, 4, dtype=torch.float64), v=_t(3, 4)), r"q, k and v must share a dtype"),
-    (dict(q=_t(2, 2, 4), k=_t(3, 3, 4), v=_t(3, 3, 4)), r"batch dimensions of q"),
-    (dict(q=_t(2, 4), k=_t(3, 4), v=_t(3, 4), attn_mask=_t(2, 3, dtype=torch.int64)), r"^attn_mask must be bool"),
-    (dict(q=_t(2, 4), k=_t(3, 4), v=_t(3, 4), attn_mask=_t(3, 2, dtype=torch.bool)), r"^attn_mask of shape \(3, 2\)"),
-    (dict(q=_t(2, 4), k=_t(3, 4), v=_t(3, 4), attn_mask=_t(5, 2, 3)), r"^attn_mask of shape \(5, 2, 3\)"),
-    (dict(q=_t(2, 4), k=_t(3, 4), v=_t(3, 4), attn_mask=[[True]]), r"^attn_mask must be a torch.Tensor"),
+    (dict(q=_t(2, 2, 4), k=_t(3, 3, 4), v=_t(3, 3, 4)), r"q's 2 heads are not a multiple of k's 3"),
+    (dict(q=_t(2, 4), k=_t(3, 4), v=_t(3, 4), attn_mask=_t(2, 3, dtype=torch.int64)), r"attn_mask must be bool"),
+    (dict(q=_t(2, 4), k=_t(3, 4), v=_t(3, 4), attn_mask=_t(3, 2, dtype=torch.bool)), r"attn_mask of shape \(3, 2\)"),
+    (dict(q=_t(2, 4), k=_t(3, 4), v=_t(3, 4), attn_mask=_t(5, 2, 3)), r"attn_mask of shape \(5, 2, 3\)"),
+    (dict(q=_t(2, 4), k=_t(3, 4), v=_t(3, 4), attn_mask=[[True]]), r"attn_mask must be a torch.Tensor"),
 ]
 
 
 @pytest.mark.parametrize("kwargs, match", SDPA_ERRORS)
 @pytest.mark.parametrize("fn", [scaled_dot_product_attention, hard_attention])
 def test_sdpa_errors_name_the_argument(fn, kwargs, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         fn(**kwargs)
 
 
@@ -304,14 +304,14 @@ def test_sdpa_errors_name_the_argument(fn, kwargs, match):
         (lambda: padding_mask([2, -1]), "lengths must be non-negative"),
         (lambda: padding_mask([2, 5], max_len=4), "max_len=4"),
         (lambda: dot_score(_t(2, 3), _t(4, 5)), "q and k"),
-        (lambda: general_score(_t(2, 3), _t(4, 5), _t(5, 3)), r"^W must have shape \(Eq, Ek\) = \(3, 5\)"),
-        (lambda: general_score(_t(2, 3), _t(4, 5), _t(15)), r"^W must have shape"),
-        (lambda: additive_score(_t(2, 3), _t(4, 5), _t(6, 4), _t(6, 5), _t(6)), r"^W_q must have shape"),
-        (lambda: additive_score(_t(2, 3), _t(4, 5), _t(3), _t(6, 5), _t(6)), r"^W_q must have shape"),
-        (lambda: additive_score(_t(2, 3), _t(4, 5), _t(6, 3), _t(7, 5), _t(6)), r"^W_k must have shape"),
-        (lambda: additive_score(_t(2, 3), _t(4, 5), _t(6, 3), _t(6, 3), _t(6)), r"^W_k must have shape"),
-        (lambda: additive_score(_t(2, 3), _t(4, 5), _t(6, 3), _t(6, 5), _t(5)), r"^v must have shape"),
-        (lambda: additive_score(_t(2, 3), _t(4, 5), _t(6, 3), _t(6, 5), _t(6, 1)), r"^v must have shape"),
+        (lambda: general_score(_t(2, 3), _t(4, 5), _t(5, 3)), r"W must have shape \(Eq, Ek\) = \(3, 5\)"),
+        (lambda: general_score(_t(2, 3), _t(4, 5), _t(15)), r"W must have shape"),
+        (lambda: additive_score(_t(2, 3), _t(4, 5), _t(6, 4), _t(6, 5), _t(6)), r"W_q must have shape"),
+        (lambda: additive_score(_t(2, 3), _t(4, 5), _t(3), _t(6, 5), _t(6)), r"W_q must have shape"),
+        (lambda: additive_score(_t(2, 3), _t(4, 5), _t(6, 3), _t(7, 5), _t(6)), r"W_k must have shape"),
+        (lambda: additive_score(_t(2, 3), _t(4, 5), _t(6, 3), _t(6, 3), _t(6)), r"W_k must have shape"),
+        (lambda: additive_score(_t(2, 3), _t(4, 5), _t(6, 3), _t(6, 5), _t(5)), r"v must have shape"),
+        (lambda: additive_score(_t(2, 3), _t(4, 5), _t(6, 3), _t(6, 5), _t(6, 1)), r"v must have shape"),
         (lambda: masked_softmax(_t(2, 3), temperature=0.0), "temperature"),
         (lambda: masked_softmax(_t(2, 3), temperature=-1.0), "temperature"),
         (lambda: masked_softmax(_t(2, 3), _t(3, 2, dtype=torch.bool)), "attn_mask"),
@@ -321,7 +321,7 @@ def test_sdpa_errors_name_the_argument(fn, kwargs, match):
     ],
 )
 def test_helper_errors_name_the_argument(call, match):
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises((ValueError, TypeError), match=match):
         call()
 
 
@@ -634,7 +634,7 @@ def test_property_attention_entropy_matches_the_loop_and_its_bounds(d):
 
 
 def test_attention_entropy_errors_name_the_argument():
-    with pytest.raises(ValueError, match="weights"):
+    with pytest.raises(TypeError, match="weights"):
         attention_entropy(torch.ones(3, dtype=torch.long))
     with pytest.raises(ValueError, match="attn_mask"):
         attention_entropy(torch.full((2, 4), 0.25), torch.ones(3, dtype=torch.bool))

@@ -17,6 +17,7 @@ from attnbook.flash import (
     hbm_accesses,
     merge_partials,
     online_softmax,
+    online_softmax_step,
     select_backend,
     tiled_attention_backward,
     tiled_attention_forward,
@@ -25,6 +26,26 @@ from attnbook.flash import (
 
 def _qkv(gen, L, S, E=8, H=2, H_kv=2, dtype=torch.float64, batch=2):
     return [torch.randn(batch, h, n, E, generator=gen, dtype=dtype) for h, n in ((H, L), (H_kv, S), (H_kv, S))]
+
+
+@given(n=st.integers(1, 40), block=st.integers(1, 50), masked=st.booleans())
+def test_online_softmax_step_folds_blocks_into_the_exact_softmax(n, block, masked):
+    gen = torch.Generator().manual_seed(n * 101 + block)
+    scores = 10 * torch.randn(3, 4, n, generator=gen, dtype=torch.float64)
+    if masked:  # some rows see nothing for a while, one row nothing at all
+        scores[:, :, : n // 2] = -math.inf
+        scores[0, 0] = -math.inf
+    values = torch.randn(3, n, 5, generator=gen, dtype=torch.float64)
+    m = torch.full((3, 4), -math.inf, dtype=torch.float64)
+    l, acc = torch.zeros_like(m), torch.zeros(3, 4, 5, dtype=torch.float64)
+    for j in range(0, n, block):
+        m, l, acc = online_softmax_step(m, l, scores[..., j : j + block], acc, values[:, j : j + block])
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # a row of -inf: zeros
+    seen = l > 0
+    torch.testing.assert_close(m[seen], scores.amax(-1)[seen])
+    torch.testing.assert_close(l[seen], torch.exp(scores - m[..., None]).sum(-1)[seen])
+    torch.testing.assert_close((acc / l.clamp_min(1e-300)[..., None])[seen], (weights @ values)[seen])
+    assert not torch.isnan(l).any() and not torch.isnan(acc).any()
 
 
 @given(n=st.integers(1, 40), block=st.integers(1, 50), spread=st.sampled_from([1.0, 30.0, 1e3]))
@@ -89,8 +110,9 @@ def test_flash_attention_gradients_equal_autograd_of_the_readable_version(gen):
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     grad = torch.randn(2, 4, 70, 16, generator=gen, dtype=torch.float64)
-    flash_attention(*leaves, is_causal=True).backward(grad)
-    assert flash_attention.last_backend == "torch"
+    out, backend = flash_attention(*leaves, is_causal=True, return_backend=True)
+    out.backward(grad)
+    assert backend == "torch"
     rq, rk, rv = ref_leaves
     scaled_dot_product_attention(rq, rk.repeat_interleave(2, 1), rv.repeat_interleave(2, 1), is_causal=True).backward(grad)
     for a, b in zip(leaves, ref_leaves):
@@ -141,9 +163,14 @@ def test_backend_selection_and_clear_errors(gen, monkeypatch):
 
 def test_shape_errors_name_the_arguments(gen):
     q, k, v = _qkv(gen, 4, 5)
-    with pytest.raises(ValueError, match="q must be"):
-        flash_attention(q[0], k, v)
-    with pytest.raises(ValueError, match="multiple"):
+    # any rank, as the contract says: (H, L, E) and (L, E) work like (1, H, L, E)
+    torch.testing.assert_close(flash_attention(q[0], k[0], v[0]), flash_attention(q, k, v)[0])
+    torch.testing.assert_close(flash_attention(q[0, 0], k[0, 0], v[0, 0]), flash_attention(q, k, v)[0, 0])
+    with pytest.raises(TypeError, match="q must be a floating-point"):
+        flash_attention(q.long(), k, v)
+    with pytest.raises(TypeError, match="share a dtype"):
+        flash_attention(q, k.float(), v)
+    with pytest.raises(ValueError, match="same last dimension"):
         flash_attention(q, k[:, :, :, :4], v)
     with pytest.raises(ValueError, match="block_q"):
         tiled_attention_forward(q, k, v, block_q=0)

@@ -45,13 +45,13 @@ CASES = [  # (B, H, H_kv, S, d, seqlens, num_splits): lengths 1, 17, 100, 130 ar
 def test_decode_kernel_equals_sdpa_over_each_valid_prefix(B, H, H_kv, S, d, seqlens, num_splits, dtype):
     q, k, v = make(B, H, H_kv, S, d, dtype, seed=S + d)
     seqlens = torch.tensor(seqlens)
-    out = decode_attention(q, k, v, seqlens, num_splits)
+    out = decode_attention(q, k, v, seqlens, num_splits=num_splits)
     assert out.shape == q.shape and out.dtype == dtype
     expected = reference(q, k, v, seqlens)
     if dtype == torch.float32:
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
     else:  # FlashAttention-2's rule: no worse than twice the error of a PyTorch computation in fp16
-        torch_fp16 = split_kv_attention(q, k, v, seqlens, num_splits or 4).float()
+        torch_fp16 = split_kv_attention(q, k, v, seqlens, num_splits=num_splits or 4).float()
         bound = 2 * (torch_fp16 - expected).abs().max() + 1e-3
         assert (out.float() - expected).abs().max() <= bound
 
@@ -59,9 +59,9 @@ def test_decode_kernel_equals_sdpa_over_each_valid_prefix(B, H, H_kv, S, d, seql
 def test_kernel_equals_the_pytorch_split_reference_and_does_not_depend_on_num_splits():
     q, k, v = make(2, 2, 1, 90, 16, torch.float32, seed=1)
     seqlens = torch.tensor([90, 41])
-    outs = [decode_attention(q, k, v, seqlens, n) for n in (1, 2, 3)]
+    outs = [decode_attention(q, k, v, seqlens, num_splits=n) for n in (1, 2, 3)]
     for n, out in zip((1, 2, 3), outs):
-        torch.testing.assert_close(out, split_kv_attention(q, k, v, seqlens, n), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(out, split_kv_attention(q, k, v, seqlens, num_splits=n), atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(out, outs[0], atol=1e-6, rtol=1e-5)
 
 
@@ -71,7 +71,7 @@ def test_kernel_reads_a_strided_cache_view_and_validates_arguments():
     big_k, big_v = torch.zeros(2, 2, 96, 16), torch.zeros(2, 2, 96, 16)
     big_k[:, :, :40], big_v[:, :, :40] = k, v
     seqlens = torch.tensor([40, 23])
-    torch.testing.assert_close(decode_attention(q, big_k[:, :, :40], big_v[:, :, :40], seqlens, 2),
+    torch.testing.assert_close(decode_attention(q, big_k[:, :, :40], big_v[:, :, :40], seqlens, num_splits=2),
                                reference(q, k, v, seqlens), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="cache_seqlens"):
         decode_attention(q, k, v, torch.tensor([41, 1]))

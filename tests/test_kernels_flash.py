@@ -62,8 +62,8 @@ def test_forward_and_gradients_within_twice_pytorch_error(gen, L, S, E, causal, 
     q, k, v = _inputs(gen, L, S, E, H, H_kv, dtype)
     grad_out = torch.randn(1, H, L, E, generator=gen)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = flash_attention(*leaves, is_causal=causal, backend="triton")
-    assert flash_attention.last_backend == "triton"
+    out, ran = flash_attention(*leaves, is_causal=causal, backend="triton", return_backend=True)
+    assert ran == "triton"
     out.backward(grad_out.to(dtype))
     got = [out.detach()] + [t.grad for t in leaves]
     exact = _reference(q.double(), k.double(), v.double(), causal, grad_out.double())
@@ -92,8 +92,9 @@ def test_block_sparse_kernel_equals_dense_masked_attention(gen, pattern, causal)
         block_mask = sliding_window_mask(5, 1)
     else:
         block_mask = bigbird_block_mask(5, n_global=1, n_window=3, n_random=1, generator=gen)
-    got = block_sparse_flash_attention(q, k, v, block_mask, 32, is_causal=causal, backend="triton")
-    assert block_sparse_flash_attention.last_backend == "triton"
+    got, ran = block_sparse_flash_attention(q, k, v, block_mask, 32, is_causal=causal, backend="triton",
+                                            return_backend=True)
+    assert ran == "triton"
     expected = block_sparse_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), block_mask, 32, is_causal=causal)
     torch.testing.assert_close(got, expected, atol=2e-6, rtol=1e-5)
 

@@ -191,7 +191,7 @@ def test_recurrent_form_continues_from_a_state(gen):
 def test_linear_attention_with_a_custom_feature_map(gen):
     q, k, v = (_randn(gen, 2, 8, 3) for _ in range(3))
     phi = lambda x: torch.cat([F.relu(x), F.relu(-x)], -1) + 0.1  # noqa: E731  (M = 2E features)
-    torch.testing.assert_close(linear_attention(q, k, v, phi, is_causal=True), _dense_kernel(q, k, v, phi, causal=True))
+    torch.testing.assert_close(linear_attention(q, k, v, feature_map=phi, is_causal=True), _dense_kernel(q, k, v, phi, causal=True))
 
 
 def test_linear_attention_causal_with_more_queries_than_keys_gives_zeros_first(gen):
@@ -253,10 +253,10 @@ def test_delta_rule_with_orthogonal_keys_stores_each_latest_value(gen):
     identity = lambda x: x  # noqa: E731  one-hot keys stay orthonormal features
     keys = torch.eye(4, dtype=torch.float64)[[0, 1, 2, 0, 1]]  # keys 0 and 1 written twice
     v = _randn(gen, 5, 3)
-    _, S = delta_rule_attention(keys, keys, v, 1.0, identity)
+    _, S = delta_rule_attention(keys, keys, v, 1.0, feature_map=identity)
     torch.testing.assert_close(S[:3], v[[3, 4, 2]])  # row i of S holds the last value of key i
     assert torch.equal(S[3], torch.zeros(3, dtype=torch.float64))
-    _, S_once = delta_rule_attention(keys[:3], keys[:3], v[:3], 1.0, identity)
+    _, S_once = delta_rule_attention(keys[:3], keys[:3], v[:3], 1.0, feature_map=identity)
     torch.testing.assert_close(S_once, keys[:3].T @ v[:3])  # distinct keys: the additive sum
 
 
@@ -368,7 +368,7 @@ def test_performer_attention_equals_linear_attention_with_performer_features(gen
     q, k, v = _randn(gen, 2, 10, 4), _randn(gen, 2, 10, 4), _randn(gen, 2, 10, 3)
     W = _randn(gen, 32, 4)
     for causal in (False, True):
-        expected = linear_attention(q, k, v, lambda x: performer_features(x, W), is_causal=causal, eps=0.0)
+        expected = linear_attention(q, k, v, feature_map=lambda x: performer_features(x, W), is_causal=causal, eps=0.0)
         torch.testing.assert_close(performer_attention(q, k, v, projection=W, is_causal=causal, eps=0.0), expected)
 
 

@@ -45,7 +45,7 @@ def randn(*shape, gen, dtype=torch.float64):
 # ---------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("n, window, dilation, causal", list(itertools.product([1, 6, 11], [0, 1, 3], [1, 2, 3], [False, True])))
 def test_sliding_window_mask_definition(n, window, dilation, causal):
-    mask = sliding_window_mask(n, window, causal=causal, dilation=dilation)
+    mask = sliding_window_mask(n, window, is_causal=causal, dilation=dilation)
     for i, j in itertools.product(range(n), range(n)):
         expected = abs(i - j) <= window * dilation and (i - j) % dilation == 0 and (j <= i or not causal)
         assert mask[i, j].item() == expected, (i, j)
@@ -284,7 +284,7 @@ def test_block_sparse_errors_name_the_argument(bad, match, gen):
 @pytest.mark.parametrize("n, window, causal", list(itertools.product([1, 2, 9, 30], [0, 1, 4, 40], [False, True])))
 def test_sliding_window_attention_matches_dense(n, window, causal, gen):
     q, k, v = randn(2, 3, n, 8, gen=gen), randn(2, 3, n, 8, gen=gen), randn(2, 3, n, 5, gen=gen)
-    expected = dense_attention(q, k, v, sliding_window_mask(n, window, causal=causal))
+    expected = dense_attention(q, k, v, sliding_window_mask(n, window, is_causal=causal))
     torch.testing.assert_close(sliding_window_attention(q, k, v, window, is_causal=causal), expected, **TIGHT)
 
 

@@ -93,3 +93,13 @@ def test_largest_new_tensor_counts_what_operations_create_not_the_inputs():
     assert utils.largest_new_tensor(lambda: (torch.ones(7, 9) @ torch.ones(9, 2)).sum()) == 63
     assert utils.largest_new_tensor(torch.split, torch.arange(12.0).view(4, 3), 1) == 3  # a tuple of outputs
     assert utils.largest_new_tensor(lambda: None) == 0
+
+
+def test_single_thread_restores_the_thread_count():
+    threads = torch.get_num_threads()
+    with utils.single_thread():
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == threads
+    with pytest.raises(RuntimeError), utils.single_thread():
+        raise RuntimeError("an error inside the block")
+    assert torch.get_num_threads() == threads  # restored on errors too

@@ -9,7 +9,6 @@ import torch.nn.functional as F
 
 from attnbook.vision import (
     CBAM,
-    SHAPES,
     CaptionModel,
     ChannelAttention,
     PatchEmbedding,
@@ -18,8 +17,8 @@ from attnbook.vision import (
     VisionTransformer,
     attention_rollout,
     conv_as_attention,
-    shapes_captions,
 )
+from attnbook.data import shapes_captions
 
 
 # ---------------------------------------------------------------------------------------------
@@ -120,7 +119,7 @@ def test_vit_shapes_and_attention(gen):
     torch.manual_seed(0)
     vit = VisionTransformer(img_size=8, patch_size=2, in_channels=1, n_classes=10, dim=16, depth=3, n_heads=4).eval()
     x = torch.randn(5, 1, 8, 8, generator=gen)
-    logits, attentions = vit(x, return_attention=True)
+    logits, attentions = vit(x, return_weights=True)
     assert logits.shape == (5, 10)
     assert len(attentions) == 3
     for a in attentions:
@@ -261,23 +260,8 @@ def test_relative_bias_depends_only_on_the_offset(gen):
 
 
 # ---------------------------------------------------------------------------------------------
-# Captioning data and model
+# Captioning model
 # ---------------------------------------------------------------------------------------------
-def test_shapes_captions_are_consistent(gen):
-    images, captions, vocab, cells = shapes_captions(20, grid=3, cell=8, n_objects=3, generator=gen)
-    assert images.shape == (20, 3, 24, 24) and captions.shape == (20, 8) and cells.shape == (20, 3)
-    assert vocab[0] == "<bos>" and vocab[1] == "<eos>" and set(SHAPES) <= set(vocab)
-    assert (captions[:, 0] == 0).all() and (captions[:, -1] == 1).all()
-    assert (cells[:, 1:] > cells[:, :-1]).all(), "objects are named in reading order"
-    for i in range(20):
-        for c in range(9):  # a cell is drawn on (not white) exactly when the caption names it
-            r, k = divmod(c, 3)
-            drawn = (images[i, :, r * 8:(r + 1) * 8, k * 8:(k + 1) * 8] < 1).any().item()
-            assert drawn == (c in cells[i].tolist())
-        words = [vocab[t] for t in captions[i, 1:-1]]
-        assert all(w in SHAPES for w in words[1::2]) and all(w not in SHAPES for w in words[::2])
-
-
 def test_caption_model_shapes_and_weights(gen):
     torch.manual_seed(0)
     images, captions, vocab, _ = shapes_captions(4, generator=gen)
@@ -286,5 +270,5 @@ def test_caption_model_shapes_and_weights(gen):
     assert logits.shape == (4, captions.shape[1] - 1, len(vocab))
     assert weights.shape == (4, captions.shape[1] - 1, 36)
     torch.testing.assert_close(weights.sum(-1), torch.ones(4, captions.shape[1] - 1))
-    tokens, gen_weights = model.generate(images, 5)
+    tokens, gen_weights = model.generate(images, max_len=5)
     assert tokens.shape == (4, 5) and gen_weights.shape == (4, 5, 36)

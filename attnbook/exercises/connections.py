@@ -45,7 +45,7 @@ def _check_hopfield_step(student) -> None:
     for what, query, pats, beta in cases:
         actual = student(query, pats, beta)
         assert not torch.isnan(actual).any(), f"{what}: your update contains NaN."
-        assert_close(actual, hopfield_update(query, pats, beta), what)
+        assert_close(actual, hopfield_update(query, pats, beta=beta), what)
 
 
 @register(

@@ -127,7 +127,7 @@ def _check_gat_coefficients(student) -> None:
         x = torch.randn(n, 5, generator=gen)
         adj = to_dense_adjacency(edge_index, n)
         with torch.no_grad():
-            _, expected = layer.forward_dense(x, adj, return_attention=True)
+            _, expected = layer.forward_dense(x, adj, return_weights=True)
         actual = student(
             x,
             adj.clone(),

@@ -24,15 +24,16 @@ def _check_luong_general(student) -> None:
     for B, S, dq, dk in [(1, 2, 1, 1), (3, 5, 4, 6), (2, 7, 8, 8)]:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(S)
-            attn = LuongAttention(dq, dk, "general")
+            attn = LuongAttention(dq, dk, method="general")
         q, k = torch.randn(B, dq, generator=gen), torch.randn(B, S, dk, generator=gen)
         mask = torch.ones(B, S, dtype=torch.bool)
         mask[0, S // 2 + 1 :] = False  # the first sentence is shorter
         with torch.no_grad():
             for m, what in [(None, "no mask"), (mask, "with a padding mask")]:
+                padding = None if m is None else ~m  # the module takes True = padding
                 assert_close(
                     student(q, k, attn.W_a.detach(), m),
-                    attn(q, k, m)[1],
+                    attn(q, k, key_padding_mask=padding)[1],
                     f"B={B}, S={S}, {what}",
                 )
 
@@ -86,7 +87,7 @@ def _check_local_p(student) -> None:
         mask[-1, max(1, S - 2) :] = False
         with torch.no_grad():
             p = attn.centre(q, mask.sum(-1))
-            expected = attn(q, k, mask)[1]
+            expected = attn(q, k, key_padding_mask=~mask)[1]
             actual = student(attn.score.scores(q, k), p, mask, D)
         assert not torch.isnan(torch.as_tensor(actual)).any(), (
             f"B={B}, S={S}, D={D}: your weights contain NaN."

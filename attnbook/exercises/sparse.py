@@ -29,12 +29,12 @@ def _check_dilated_window(student) -> None:
         (16, 3, False, 4),
         (7, 10, True, 1),
     ]:
-        got = student(n, window, causal=causal, dilation=dilation)
-        what = f"seq_len={n}, window={window}, causal={causal}, dilation={dilation}"
+        got = student(n, window, is_causal=causal, dilation=dilation)
+        what = f"seq_len={n}, window={window}, is_causal={causal}, dilation={dilation}"
         assert isinstance(got, torch.Tensor) and got.dtype == torch.bool, (
             f"{what}: return a bool tensor."
         )
-        expected = sliding_window_mask(n, window, causal=causal, dilation=dilation)
+        expected = sliding_window_mask(n, window, is_causal=causal, dilation=dilation)
         assert got.shape == expected.shape, (
             f"{what}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}."
         )

@@ -105,9 +105,17 @@ def plan(
     )
 
 
-def plan_for(kernel: str, x: torch.Tensor) -> tuple[str, str]:
-    """:func:`plan` for a tensor ``x`` shaped ``(..., head_dim)`` (its device, dtype and
-    last dim)."""
+def plan_for(
+    kernel: str, x: torch.Tensor, v: torch.Tensor | None = None
+) -> tuple[str, str]:
+    """:func:`plan` for queries ``x`` shaped ``(..., head_dim)`` (their device, dtype
+    and last dim) and, if given, values ``v``: the Triton kernels need values as wide as
+    the keys, so a different value width runs the PyTorch path."""
+    if v is not None and v.shape[-1] != x.shape[-1]:
+        return "torch", (
+            f"value width {v.shape[-1]} differs from head_dim {x.shape[-1]}: the "
+            "Triton kernels need equal widths"
+        )
     capability = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
     return plan(kernel, capability, x.dtype, x.shape[-1], _triton_version())
 

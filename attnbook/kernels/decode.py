@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..kvcache import _check_decode
+from ..contract import check_decode
 
 __all__ = ["decode_attention", "default_num_splits"]
 
@@ -202,18 +202,26 @@ def decode_attention(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     cache_seqlens: torch.Tensor,
+    *,
     num_splits: int | None = None,
+    scale: float | None = None,
 ) -> torch.Tensor:
     """Split-KV attention of one query per sequence: ``(batch, heads, 1, head_dim)``
     over the first ``cache_seqlens[b]`` positions of ``k_cache, v_cache: (batch,
     kv_heads, max_len, head_dim)``.
 
-    Equal to ``softmax(q k^T / sqrt(d)) v`` over each valid prefix; a sequence of length
+    Equal to ``softmax(q k^T * scale) v`` (``scale`` default ``1 / sqrt(d)``) over each
+    valid prefix; a sequence of length
     0 gets zeros. ``num_splits`` defaults to :func:`default_num_splits`. Two launches:
     ``_split_kernel`` on a ``(batch * heads, num_splits)`` grid, then ``_merge_kernel``
     on ``(batch * heads,)``.
     """
-    _check_decode(q, k_cache, v_cache, cache_seqlens)
+    check_decode("decode_attention", q, k_cache, v_cache, cache_seqlens)
+    if v_cache.shape[-1] != k_cache.shape[-1]:
+        raise ValueError(
+            "decode_attention: the Triton kernel needs v_cache as wide as k_cache, got "
+            f"{tuple(v_cache.shape)} and {tuple(k_cache.shape)}; use backend='torch'"
+        )
     B, H, _, d = q.shape
     S = k_cache.shape[2]
     num_splits = num_splits or default_num_splits(B * H, S)
@@ -239,7 +247,7 @@ def decode_attention(
         *v_cache.stride(),
         *o_part.stride(),
         *lse_part.stride(),
-        1.0 / math.sqrt(d),
+        1.0 / math.sqrt(d) if scale is None else scale,
         H,
         H // k_cache.shape[1],
         split_len,

@@ -464,7 +464,7 @@ def _precision(q: torch.Tensor) -> str:
     return "ieee" if q.dtype == torch.float32 else "tf32"
 
 
-def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None):
+def flash_forward(q, k, v, *, is_causal: bool = False, scale: float | None = None):
     """FlashAttention forward with Triton: ``(out (B, H, L, E), lse (B, H, L)
     float32)``."""
     _check_inputs(q, k, v)
@@ -497,7 +497,7 @@ def flash_forward(q, k, v, is_causal: bool = False, scale: float | None = None):
 
 
 def flash_backward(
-    q, k, v, out, lse, grad_out, is_causal: bool = False, scale: float | None = None
+    q, k, v, out, lse, grad_out, *, is_causal: bool = False, scale: float | None = None
 ):
     """FlashAttention backward with Triton: ``(dq, dk, dv)`` from the saved ``out`` and
     ``lse``."""
@@ -543,6 +543,7 @@ def block_sparse_forward(
     v,
     block_mask: torch.Tensor,
     block_size: int,
+    *,
     is_causal: bool = False,
     scale: float | None = None,
 ) -> torch.Tensor:

@@ -1,0 +1,310 @@
+"""The attention contract: one set of rules for every attention entry point of attnbook.
+
+Every function here that computes attention from queries, keys and values
+(:mod:`attnbook.core`, :mod:`attnbook.sparse`, :mod:`attnbook.linear`,
+:mod:`attnbook.positional`, :mod:`attnbook.flash`, :mod:`attnbook.kvcache` and the
+kernels) takes its arguments as PyTorch's ``scaled_dot_product_attention`` does, and
+checks them with the functions below, so a mistake gets the same clear message
+everywhere.
+
+**Tensors.** ``q (..., Hq, L, E)``, ``k (..., Hk, S, E)``, ``v (..., Hk, S, Ev)``, of
+any rank >= 2 (rank 2 is one head, ``(L, E)``); the value width ``Ev`` may differ from
+the key width ``E``. The leading (batch) dimensions broadcast. With rank >= 3 the
+third-last dimension counts heads, and ``Hq`` must be a multiple of ``Hk``:
+grouped-query attention (``Hk = 1`` is multi-query attention), query head ``h`` reading
+key/value head ``h // (Hq // Hk)``; a head count of 1 broadcasts like any batch
+dimension. ``q``, ``k`` and ``v`` share one floating dtype and one device.
+
+**Masks.** ``attn_mask`` is bool (True = may attend) or an additive float, broadcastable
+to ``(..., Hq, L, S)``. ``key_padding_mask`` is bool ``(B, S)``, True where a key is
+padding to ignore (the convention of ``torch.nn.MultiheadAttention``). ``is_causal``
+lets query ``i`` see key ``j`` when ``j <= i + S - L``: aligned to the bottom-right
+corner, FlashAttention's rule and what decoding with a cache needs (PyTorch's SDPA
+aligns to the top-left). A query with no visible key gets zeros, never NaN.
+
+**Flags** are keyword-only and named as in PyTorch: ``is_causal``, ``scale`` (default
+``1 / sqrt(E)``), ``dropout_p`` with ``generator=`` for its randomness,
+``return_weights``, and ``enable_gqa`` on
+:func:`attnbook.core.scaled_dot_product_attention` (elsewhere differing head counts mean
+grouped-query attention).
+
+**Errors.** A wrong type or dtype raises ``TypeError``, a wrong shape or value
+``ValueError``; the message names the function, the argument and the shapes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = [
+    "check_float",
+    "check_qkv",
+    "check_attn_mask",
+    "check_key_padding_mask",
+    "check_dropout",
+    "check_decode",
+    "attention_mask",
+    "expand_kv_heads",
+    "grouped_kv",
+    "default_scale",
+]
+
+
+def _shape(t) -> str:
+    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def check_float(fn: str, name: str, t: torch.Tensor) -> None:
+    """Check that ``t`` is a floating-point tensor (``TypeError`` naming ``name``)."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {_shape(t)}")
+    if not t.is_floating_point():
+        raise TypeError(f"{fn}: {name} must be a floating-point tensor, got {t.dtype}")
+
+
+def check_qkv(
+    fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, gqa: bool = True
+) -> None:
+    """Check ``q``, ``k``, ``v`` against the contract for the function named ``fn``.
+
+    ``gqa=False`` refuses differing head counts (as PyTorch does without
+    ``enable_gqa=True``).
+    """
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float(fn, name, t)
+        if t.dim() < 2:
+            raise ValueError(
+                f"{fn}: {name} must have at least 2 dimensions (..., seq, dim), got "
+                f"shape {_shape(t)}"
+            )
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(
+            f"{fn}: q, k and v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    if not q.device == k.device == v.device:
+        raise ValueError(
+            f"{fn}: q, k and v must be on one device, got {q.device}, {k.device}, "
+            f"{v.device}"
+        )
+    shapes = f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"{fn}: q and k must have the same last dimension (head_dim): {shapes}"
+        )
+    if k.shape[-2] != v.shape[-2]:
+        raise ValueError(
+            f"{fn}: k and v must have the same sequence length (dim -2): {shapes}"
+        )
+    if k.shape[:-2] != v.shape[:-2]:
+        raise ValueError(f"{fn}: k and v must have the same batch and heads: {shapes}")
+    grouped = (
+        q.dim() >= 3
+        and k.dim() >= 3
+        and q.shape[-3] != k.shape[-3]
+        and min(q.shape[-3], k.shape[-3]) > 1
+    )
+    if grouped:  # differing head counts, neither 1 (1 broadcasts)
+        hq, hk = q.shape[-3], k.shape[-3]
+        if hq % hk:
+            raise ValueError(
+                f"{fn}: q's {hq} heads are not a multiple of k's {hk} (grouped-query "
+                f"attention shares each key/value head among a group): {shapes}"
+            )
+        if not gqa:
+            raise ValueError(
+                f"{fn}: q has {hq} heads and k {hk}; pass enable_gqa=True for "
+                f"grouped-query attention: {shapes}"
+            )
+    batch_q, batch_k = (
+        (q.shape[:-3], k.shape[:-3]) if grouped else (q.shape[:-2], k.shape[:-2])
+    )
+    try:
+        torch.broadcast_shapes(batch_q, batch_k)
+    except RuntimeError:
+        raise ValueError(
+            f"{fn}: the batch dimensions do not broadcast: {shapes}"
+        ) from None
+
+
+def check_attn_mask(fn: str, attn_mask: torch.Tensor, scores: tuple[int, ...]) -> None:
+    """Check that ``attn_mask`` is bool or float and broadcasts to ``scores``
+    ``(..., L, S)``."""
+    if not isinstance(attn_mask, torch.Tensor):
+        raise TypeError(
+            f"{fn}: attn_mask must be a torch.Tensor, got {_shape(attn_mask)}"
+        )
+    if attn_mask.dtype != torch.bool and not attn_mask.is_floating_point():
+        raise TypeError(
+            f"{fn}: attn_mask must be bool (True = may attend) or float (additive), "
+            f"got {attn_mask.dtype}"
+        )
+    try:
+        ok = torch.broadcast_shapes(attn_mask.shape, scores) == torch.Size(scores)
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(
+            f"{fn}: attn_mask of shape {_shape(attn_mask)} does not broadcast to the "
+            f"scores' shape {tuple(scores)} (..., L, S)"
+        )
+
+
+def check_key_padding_mask(
+    fn: str, key_padding_mask: torch.Tensor, batch: int, S: int
+) -> None:
+    """Check that ``key_padding_mask`` is a bool ``(batch, S)`` tensor."""
+    if not isinstance(key_padding_mask, torch.Tensor):
+        raise TypeError(
+            f"{fn}: key_padding_mask must be a torch.Tensor, got "
+            f"{_shape(key_padding_mask)}"
+        )
+    if key_padding_mask.dtype != torch.bool:
+        raise TypeError(
+            f"{fn}: key_padding_mask must be bool (True = padding), got "
+            f"{key_padding_mask.dtype}"
+        )
+    if tuple(key_padding_mask.shape) != (batch, S):
+        raise ValueError(
+            f"{fn}: key_padding_mask must have shape (batch, S) = ({batch}, {S}), got "
+            f"{_shape(key_padding_mask)}"
+        )
+
+
+def check_dropout(fn: str, dropout_p: float) -> None:
+    """Check ``0 <= dropout_p < 1``."""
+    if not 0.0 <= dropout_p < 1.0:
+        raise ValueError(f"{fn}: dropout_p must be in [0, 1), got {dropout_p}")
+
+
+def attention_mask(
+    fn: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    attn_mask: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+) -> torch.Tensor | None:
+    """One mask from the three ways of giving one: ``attn_mask`` (bool or additive),
+    ``key_padding_mask`` ``(B, S)`` (True = ignore) and ``is_causal`` (bottom-right).
+
+    Returns None when there is nothing to mask, a bool mask (True = may attend) when
+    every part is bool, else an additive float mask in ``q``'s dtype; it broadcasts to
+    the scores ``(..., L, S)``.
+    """
+    L, S = q.shape[-2], k.shape[-2]
+    scores = (*torch.broadcast_shapes(q.shape[:-2], k.shape[:-2]), L, S)
+    parts = []
+    if attn_mask is not None:
+        check_attn_mask(fn, attn_mask, scores)
+        parts.append(
+            attn_mask if attn_mask.dtype == torch.bool else attn_mask.to(q.dtype)
+        )
+    if key_padding_mask is not None:
+        check_key_padding_mask(
+            fn, key_padding_mask, q.shape[0] if q.dim() >= 3 else 1, S
+        )
+        keep = ~key_padding_mask
+        parts.append(keep.view(keep.shape[0], *[1] * (len(scores) - 2), S))
+    if is_causal:
+        i = torch.arange(L, device=q.device)[:, None]
+        j = torch.arange(S, device=q.device)[None, :]
+        parts.append(j <= i + (S - L))
+    if not parts:
+        return None
+    mask = parts[0]
+    for part in parts[1:]:
+        if mask.dtype == torch.bool and part.dtype == torch.bool:
+            mask = mask & part
+        elif part.dtype == torch.bool:
+            mask = mask.masked_fill(~part, float("-inf"))
+        elif mask.dtype == torch.bool:
+            mask = part.masked_fill(~mask, float("-inf"))
+        else:
+            mask = mask + part
+    return mask
+
+
+def expand_kv_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Grouped-query attention: repeat each of the ``Hk`` key/value heads of ``x``
+    ``(..., Hk, S, E)`` for its ``n_heads // Hk`` query heads, giving
+    ``(..., n_heads, S, E)``. The readable form; kernels index the shared head instead.
+    """
+    if x.dim() < 3 or x.shape[-3] == n_heads:
+        return x
+    return x.repeat_interleave(n_heads // x.shape[-3], dim=-3)
+
+
+def default_scale(scale: float | None, head_dim: int) -> float:
+    """``scale``, or ``1 / sqrt(head_dim)`` when it is None."""
+    return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+
+
+def grouped_kv(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``k`` and ``v`` with their heads repeated to match ``q``'s when the head counts
+    differ and neither is 1 (grouped-query attention); otherwise unchanged (equal head
+    counts, or a head count of 1 that broadcasts)."""
+    if q.dim() < 3 or k.dim() < 3 or min(q.shape[-3], k.shape[-3]) == 1:
+        return k, v
+    return expand_kv_heads(k, q.shape[-3]), expand_kv_heads(v, q.shape[-3])
+
+
+def check_decode(
+    fn: str,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+) -> None:
+    """Check one decoding step: ``q (batch, heads, 1, head_dim)`` against caches
+    ``k_cache (batch, kv_heads, max_len, head_dim)`` and ``v_cache (batch, kv_heads,
+    max_len, Ev)`` (``heads`` a multiple of ``kv_heads``) holding ``cache_seqlens[b]``
+    valid positions each."""
+    for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
+        check_float(fn, name, t)
+    if not q.dtype == k_cache.dtype == v_cache.dtype:
+        raise TypeError(
+            f"{fn}: q, k_cache and v_cache must share a dtype, got {q.dtype}, "
+            f"{k_cache.dtype}, {v_cache.dtype}"
+        )
+    if q.dim() != 4 or q.shape[2] != 1:
+        raise ValueError(
+            f"{fn}: q must have shape (batch, heads, 1, head_dim), got {_shape(q)}"
+        )
+    if k_cache.dim() == 4 and k_cache.shape[-1] != q.shape[-1]:
+        raise ValueError(
+            f"{fn}: q and k_cache must have the same last dimension (head_dim), got q "
+            f"{_shape(q)} and k_cache {_shape(k_cache)}"
+        )
+    if (
+        k_cache.dim() != 4
+        or v_cache.dim() != 4
+        or k_cache.shape[:-1] != v_cache.shape[:-1]
+        or k_cache.shape[0] != q.shape[0]
+        or q.shape[1] % k_cache.shape[1]
+    ):
+        raise ValueError(
+            f"{fn}: k_cache and v_cache must have shape (batch, kv_heads, max_len, "
+            f"width) with heads a multiple of kv_heads; got q {_shape(q)}, k_cache "
+            f"{_shape(k_cache)}, v_cache {_shape(v_cache)}"
+        )
+    if not isinstance(cache_seqlens, torch.Tensor) or cache_seqlens.is_floating_point():
+        raise TypeError(
+            f"{fn}: cache_seqlens must be an integer tensor, got "
+            f"{_shape(cache_seqlens)}"
+        )
+    if cache_seqlens.shape != (q.shape[0],):
+        raise ValueError(
+            f"{fn}: cache_seqlens must have shape ({q.shape[0]},), got "
+            f"{_shape(cache_seqlens)}"
+        )
+    if len(cache_seqlens) and (
+        int(cache_seqlens.max()) > k_cache.shape[2] or int(cache_seqlens.min()) < 0
+    ):
+        raise ValueError(
+            f"{fn}: cache_seqlens must lie in [0, max_len={k_cache.shape[2]}], got "
+            f"{cache_seqlens.tolist()}"
+        )
