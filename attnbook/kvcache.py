@@ -35,11 +35,10 @@ from __future__ import annotations
 import math
 
 import torch
-
-from .contract import check_decode
-from .flash import merge_partials
 from torch import nn
 
+from .contract import check_decode, expand_kv_heads
+from .flash import merge_partials
 from .positional import transformer_xl_relative_embeddings, transformer_xl_scores
 
 __all__ = [
@@ -648,16 +647,13 @@ def split_kv_attention(
     if num_splits < 1:
         raise ValueError(f"num_splits must be positive, got {num_splits}")
     B, H, _, d = q.shape
-    S, group = k_cache.shape[2], H // k_cache.shape[1]
+    S = k_cache.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     split_len = max(1, math.ceil(S / num_splits))
     pad = split_len * num_splits - S
-    k = torch.nn.functional.pad(k_cache.float(), (0, 0, 0, pad)).repeat_interleave(
-        group, dim=1
-    )
-    v = torch.nn.functional.pad(v_cache.float(), (0, 0, 0, pad)).repeat_interleave(
-        group, dim=1
-    )
+    # each key/value head serves `group` query heads
+    k = expand_kv_heads(torch.nn.functional.pad(k_cache.float(), (0, 0, 0, pad)), H)
+    v = expand_kv_heads(torch.nn.functional.pad(v_cache.float(), (0, 0, 0, pad)), H)
     scores = torch.einsum("bhd,bhsd->bhs", q[:, :, 0].float(), k) * scale
     # (B, S + pad)
     valid = (

@@ -101,12 +101,12 @@ class Attention(MultiHeadAttention):
     grouped-query layout) as a decoder or encoder layer needs it: self-attention with an
     optional rotary embedding, an optional additive bias, a KV cache and head masks."""
 
-    def __init__(self, config: TransformerConfig, causal: bool, layer: int = 0):
+    def __init__(self, config: TransformerConfig, *, is_causal: bool, layer: int = 0):
         super().__init__(
             config.d_model, config.n_heads, config.n_kv_heads, dropout=config.dropout
         )
         self.layer = layer  # which slot of a KV cache this attention writes
-        self.causal = causal
+        self.is_causal = is_causal
         self.rotary = (
             RotaryEmbedding(self.head_dim, config.rope_base)
             if config.positional == "rope"
@@ -161,7 +161,7 @@ class Attention(MultiHeadAttention):
             k,
             v,
             bias,
-            is_causal=self.causal,
+            is_causal=self.is_causal,
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=True,
             enable_gqa=True,  # n_kv_heads < n_heads: grouped-query attention
@@ -204,10 +204,11 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm residual block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``."""
 
-    def __init__(self, config: TransformerConfig, causal: bool, layer: int = 0):
+    def __init__(self, config: TransformerConfig, *, is_causal: bool, layer: int = 0):
         super().__init__()
         self.ln1, self.ln2 = nn.LayerNorm(config.d_model), nn.LayerNorm(config.d_model)
-        self.attn, self.mlp = Attention(config, causal, layer), MLP(config)
+        self.attn = Attention(config, is_causal=is_causal, layer=layer)
+        self.mlp = MLP(config)
 
     def forward(
         self,
@@ -233,7 +234,7 @@ class _Transformer(nn.Module):
     """Embeddings, positional scheme, blocks, final norm and a linear head over the
     vocabulary."""
 
-    causal: bool
+    is_causal: bool
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
@@ -246,10 +247,11 @@ class _Transformer(nn.Module):
                 config.n_heads,
                 config.t5_num_buckets,
                 config.t5_max_distance,
-                bidirectional=not self.causal,
+                bidirectional=not self.is_causal,
             )
         self.blocks = nn.ModuleList(
-            Block(config, self.causal, layer) for layer in range(config.n_layers)
+            Block(config, is_causal=self.is_causal, layer=layer)
+            for layer in range(config.n_layers)
         )
         self.ln_f = nn.LayerNorm(config.d_model)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
@@ -269,7 +271,7 @@ class _Transformer(nn.Module):
             return x, self.rel_bias(T, start + T)
         if scheme == "alibi":
             return x, alibi_bias(
-                self.config.n_heads, T, start + T, causal=self.causal
+                self.config.n_heads, T, start + T, is_causal=self.is_causal
             ).to(x)
         return x, None
 
@@ -324,7 +326,7 @@ class _Transformer(nn.Module):
 class TinyGPT(_Transformer):
     """A causal (decoder-only) language model: position ``t`` sees tokens ``0..t``."""
 
-    causal = True
+    is_causal = True
 
     @torch.no_grad()
     def generate(
@@ -415,7 +417,7 @@ class TinyEncoder(_Transformer):
     """A bidirectional encoder (BERT-style, no causal mask) with a per-token output
     head."""
 
-    causal = False
+    is_causal = False
 
 
 # --------------------------------------------------------------------------------------

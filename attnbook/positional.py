@@ -490,22 +490,22 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
 
 
 def alibi_bias(
-    n_heads: int, q_len: int, k_len: int | None = None, causal: bool = True
+    n_heads: int, q_len: int, k_len: int | None = None, *, is_causal: bool = True
 ) -> torch.Tensor:
     r"""ALiBi's additive bias ``(1, n_heads, q_len, k_len)``: a penalty linear in the
     distance.
 
     .. math:: b_{h,ij} = -m_h\, |i - j|
 
-    ``causal=True`` (decoders, as in the paper) sets keys after the query to ``-inf``,
-    so the bias is a complete additive mask; ``causal=False`` is the symmetric form used
+    ``is_causal=True`` (decoders, as in the paper) sets keys after the query to ``-inf``,
+    so the bias is a complete additive mask; ``is_causal=False`` is the symmetric form used
     for encoders. Keys and queries are bottom-right aligned. (The reference
     implementation adds ``m_h j`` instead, which differs from ``-m_h (i - j)`` by a
     per-row constant the softmax ignores.)
     """
     distance = relative_positions(q_len, k_len).abs().float()
     bias = -alibi_slopes(n_heads)[:, None, None] * distance
-    if causal:
+    if is_causal:
         bias = bias.masked_fill(~causal_mask(q_len, k_len), float("-inf"))
     return bias.unsqueeze(0)
 

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .contract import check_qkv, grouped_kv
+from .core import masked_softmax
 
 __all__ = [
     "sliding_window_mask",
@@ -278,18 +279,6 @@ def expand_block_mask(block_mask: torch.Tensor, block_size: int) -> torch.Tensor
 # --------------------------------------------------------------------------------------
 # Attention that computes only the allowed entries
 # --------------------------------------------------------------------------------------
-def _softmax_weighted_sum(
-    scores: torch.Tensor, allowed: torch.Tensor, v: torch.Tensor
-) -> torch.Tensor:
-    """``softmax(scores masked by allowed) @ v`` with rows that allow nothing returning
-    zeros."""
-    scores = scores.masked_fill(~allowed, -math.inf)
-    row_max = scores.amax(dim=-1, keepdim=True)
-    weights = torch.exp(scores - torch.where(torch.isfinite(row_max), row_max, 0.0))
-    denom = weights.sum(dim=-1, keepdim=True)
-    return (weights @ v) / torch.where(denom > 0, denom, 1.0)
-
-
 # scores per step of block_sparse_attention's loop over query-block rows
 _CHUNK_SCORES = 2**20
 
@@ -397,10 +386,7 @@ def block_sparse_attention(
             k_rows = kb[..., idx, :, :].flatten(-3, -2)  # (..., r, width * b, E)
             v_rows = vb[..., idx, :, :].flatten(-3, -2)  # (..., r, width * b, Ev)
             scores = qb[..., rows, :, :] @ k_rows.transpose(-2, -1)  # (..., r, b, w b)
-            weights = torch.softmax(scores.masked_fill_(blocked, -math.inf), dim=-1)
-            dead = blocked.all(dim=-1, keepdim=True)  # no allowed key: zeros, not NaN
-            if dead.any():
-                weights = weights.masked_fill(dead, 0.0)
+            weights = masked_softmax(scores, ~blocked)  # no allowed key: zeros
             out[..., rows, :, :] = weights @ v_rows
     return out.flatten(-3, -2)[..., :L, :]
 
@@ -449,7 +435,8 @@ def sliding_window_attention(
         -window, right + 1, device=q.device
     )
     allowed = ((key_pos >= 0) & (key_pos < n)).unsqueeze(-2)  # (n, 1, span)
-    return _softmax_weighted_sum(scores, allowed, v_win.transpose(-2, -1)).squeeze(-2)
+    weights = masked_softmax(scores, allowed)  # rows with no key: zeros
+    return (weights @ v_win.transpose(-2, -1)).squeeze(-2)
 
 
 # --------------------------------------------------------------------------------------

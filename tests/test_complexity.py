@@ -423,7 +423,7 @@ def _mlp_blocks(n_blocks, d, seed=0):
 def _attention_blocks(n_blocks, d=16, heads=4, seed=0):
     torch.manual_seed(seed)
     config = TransformerConfig(d_model=d, n_heads=heads, positional="none")
-    plain = [Block(config, causal=True).double() for _ in range(n_blocks)]
+    plain = [Block(config, is_causal=True).double() for _ in range(n_blocks)]
     return [
         ReversibleBlock(nn.Sequential(b.ln1, b.attn), nn.Sequential(b.ln2, b.mlp))
         for b in plain

@@ -64,7 +64,7 @@ def test_without_positions_an_encoder_is_permutation_equivariant():
 def test_attention_without_positions_equals_core_multi_head_attention():
     torch.manual_seed(0)
     cfg = config(positional="none", n_kv_heads=2)
-    ours = Attention(cfg, causal=True).eval()
+    ours = Attention(cfg, is_causal=True).eval()
     core = MultiHeadAttention(16, 4, n_kv_heads=2).eval()
     core.load_state_dict(ours.state_dict())  # same projection layout and names
     x = torch.randn(3, 7, 16)
@@ -75,7 +75,7 @@ def test_attention_without_positions_equals_core_multi_head_attention():
 def test_rope_attention_rotates_queries_and_keys():
     torch.manual_seed(0)
     cfg = config(positional="rope")
-    ours = Attention(cfg, causal=True).eval()
+    ours = Attention(cfg, is_causal=True).eval()
     x = torch.randn(2, 6, 16)
     B, T, h, hd = 2, 6, 4, 4
     q = ours.q_proj(x).view(B, T, h, hd).transpose(1, 2)
@@ -216,7 +216,7 @@ def test_zeroed_head_equals_an_output_projection_that_ignores_it(n_kv_heads):
 def test_head_mask_scales_the_head_output_linearly():
     """A gate xi on a head scales its contribution to W^O: the output is affine in xi (checked at 0, 1/2, 1)."""
     torch.manual_seed(0)
-    attn = Attention(config(positional="rope"), causal=True).double().eval()
+    attn = Attention(config(positional="rope"), is_causal=True).double().eval()
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     outs = [attn(x, head_mask=torch.tensor([1.0, xi, 1.0, 1.0], dtype=torch.float64)) for xi in (0.0, 0.5, 1.0)]
     torch.testing.assert_close(outs[1], (outs[0] + outs[2]) / 2)

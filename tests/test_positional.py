@@ -291,7 +291,7 @@ def test_alibi_slopes_published_values():
 def test_alibi_bias_matches_loop():
     slopes = alibi_slopes(4)
     for causal in (True, False):
-        bias = alibi_bias(4, 3, 6, causal=causal)
+        bias = alibi_bias(4, 3, 6, is_causal=causal)
         assert bias.shape == (1, 4, 3, 6)
         for h in range(4):
             for i in range(3):

@@ -31,6 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ..contract import check_qkv
+
 __all__ = ["flash_forward", "flash_backward", "block_sparse_forward"]
 
 _LOG2E = 1.4426950408889634
@@ -398,8 +400,10 @@ def _bwd_dq_kernel(
 # --------------------------------------------------------------------------------------
 # Launchers
 # --------------------------------------------------------------------------------------
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """Raise a clear error for inputs these kernels cannot compute correctly."""
+def _check_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    """The contract's checks (:func:`attnbook.contract.check_qkv`), then a clear error
+    for inputs these kernels cannot compute correctly."""
+    check_qkv(fn, q, k, v)
     if (
         q.dim() != 4
         or k.dim() != 4
@@ -467,7 +471,7 @@ def _precision(q: torch.Tensor) -> str:
 def flash_forward(q, k, v, *, is_causal: bool = False, scale: float | None = None):
     """FlashAttention forward with Triton: ``(out (B, H, L, E), lse (B, H, L)
     float32)``."""
-    _check_inputs(q, k, v)
+    _check_inputs("flash_forward", q, k, v)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     B, H, L, E = q.shape
     H_kv, S = k.shape[1], k.shape[2]
@@ -501,7 +505,7 @@ def flash_backward(
 ):
     """FlashAttention backward with Triton: ``(dq, dk, dv)`` from the saved ``out`` and
     ``lse``."""
-    _check_inputs(q, k, v)
+    _check_inputs("flash_backward", q, k, v)
     q, k, v, out, grad_out = (t.contiguous() for t in (q, k, v, out, grad_out))
     B, H, L, E = q.shape
     H_kv, S = k.shape[1], k.shape[2]
@@ -555,7 +559,7 @@ def block_sparse_forward(
     (the kernel's tile). Equal to :func:`attnbook.sparse.block_sparse_attention`; rows
     with no active key give zeros.
     """
-    _check_inputs(q, k, v)
+    _check_inputs("block_sparse_forward", q, k, v)
     B, H, L, E = q.shape
     H_kv, S = k.shape[1], k.shape[2]
     if block_size < 16 or block_size & (block_size - 1):
