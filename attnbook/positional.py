@@ -497,11 +497,11 @@ def alibi_bias(
 
     .. math:: b_{h,ij} = -m_h\, |i - j|
 
-    ``is_causal=True`` (decoders, as in the paper) sets keys after the query to ``-inf``,
-    so the bias is a complete additive mask; ``is_causal=False`` is the symmetric form used
-    for encoders. Keys and queries are bottom-right aligned. (The reference
-    implementation adds ``m_h j`` instead, which differs from ``-m_h (i - j)`` by a
-    per-row constant the softmax ignores.)
+    ``is_causal=True`` (decoders, as in the paper) sets keys after the query to
+    ``-inf``, so the bias is a complete additive mask; ``is_causal=False`` is the
+    symmetric form used for encoders. Keys and queries are bottom-right aligned. (The
+    reference implementation adds ``m_h j`` instead, which differs from ``-m_h (i - j)``
+    by a per-row constant the softmax ignores.)
     """
     distance = relative_positions(q_len, k_len).abs().float()
     bias = -alibi_slopes(n_heads)[:, None, None] * distance
