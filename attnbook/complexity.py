@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import gc
 import math
-import numbers
 import statistics
 import sys
 import time
@@ -26,6 +25,8 @@ from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
+
+from .utils import check_positive
 
 __all__ = [
     "SOFTMAX_FLOPS_PER_ELEMENT",
@@ -44,16 +45,6 @@ __all__ = [
 
 #: Max, subtract, exp, sum and divide, a conventional estimate (not a matmul term).
 SOFTMAX_FLOPS_PER_ELEMENT = 5
-
-
-def _check_positive(**values: int) -> None:
-    for name, value in values.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, numbers.Integral)
-            or value < 1
-        ):
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
 
 
 def attention_flops(
@@ -87,7 +78,7 @@ def attention_flops(
     """
     kv_len = seq_len if kv_len is None else kv_len
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-    _check_positive(
+    check_positive(
         seq_len=seq_len,
         d_model=d_model,
         n_heads=n_heads,
@@ -125,7 +116,7 @@ def rnn_flops(
     Returns ``per_step``, ``total`` and ``sequential_steps``.
     """
     input_dim = hidden if input_dim is None else input_dim
-    _check_positive(seq_len=seq_len, hidden=hidden, input_dim=input_dim, batch=batch)
+    check_positive(seq_len=seq_len, hidden=hidden, input_dim=input_dim, batch=batch)
     per_step = 2 * batch * hidden * (hidden + input_dim)
     return {
         "per_step": per_step,
@@ -149,7 +140,7 @@ def attention_memory_bytes(
     one fp32 ``65,536 x 65,536`` matrix is ``2^32 * 4 B = 17.2 GB``.
     """
     kv_len = seq_len if kv_len is None else kv_len
-    _check_positive(
+    check_positive(
         seq_len=seq_len,
         n_heads=n_heads,
         batch=batch,
@@ -168,7 +159,7 @@ def crossover_length(d_model: int) -> int:
     layer; longer ones make it more expensive (but still parallel: 1 sequential step
     instead of ``n``).
     """
-    _check_positive(d_model=d_model)
+    check_positive(d_model=d_model)
     return d_model
 
 

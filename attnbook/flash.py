@@ -31,6 +31,7 @@ import os
 import torch
 
 from .contract import check_qkv, expand_kv_heads
+from .utils import check_positive
 
 __all__ = [
     "online_softmax_step",
@@ -91,8 +92,7 @@ def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
     / l``. Equal to ``torch.softmax(x, -1)``; rows that are all ``-inf`` give zeros.
     Shapes: ``x (..., n)`` -> ``(..., n)``.
     """
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    check_positive(block_size=block_size)
     m = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)
     l = torch.zeros_like(m)
     for start in range(0, x.shape[-1], block_size):
@@ -187,9 +187,7 @@ def tiled_attention_forward(
     check_qkv("tiled_attention_forward", q, k, v)
     rank = max(q.dim(), k.dim())
     q, k, v, batch = _as_4d(q, k, v)
-    for name, value in (("block_q", block_q), ("block_k", block_k)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    check_positive(block_q=block_q, block_k=block_k)
     B, H, L, E = q.shape
     S = k.shape[2]
     scale = 1.0 / math.sqrt(E) if scale is None else scale
@@ -458,14 +456,12 @@ def hbm_accesses(
       through (``2 N d`` each time): ``2 N d + 2 N d ceil(N / B) = Theta(N^2 d^2 / M)``
       once ``B < N``.
     """
-    for name, value in (
-        ("seq_len", seq_len),
-        ("head_dim", head_dim),
-        ("sram_bytes", sram_bytes),
-        ("bytes_per_element", bytes_per_element),
-    ):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    check_positive(
+        seq_len=seq_len,
+        head_dim=head_dim,
+        sram_bytes=sram_bytes,
+        bytes_per_element=bytes_per_element,
+    )
     n, d = seq_len, head_dim
     m = sram_bytes // bytes_per_element
     block = min(n, max(1, m // (4 * d)))

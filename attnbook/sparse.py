@@ -26,6 +26,7 @@ from torch import nn
 
 from .contract import check_qkv, grouped_kv
 from .core import masked_softmax
+from .utils import check_positive
 
 __all__ = [
     "sliding_window_mask",
@@ -44,12 +45,6 @@ __all__ = [
 ]
 
 
-def _check_positive(**values: int) -> None:
-    for name, value in values.items():
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 # --------------------------------------------------------------------------------------
 # Token-level patterns (L = S = seq_len)
 # --------------------------------------------------------------------------------------
@@ -64,7 +59,7 @@ def sliding_window_mask(
     dilation`` at the same cost (Longformer's dilated windows). With ``is_causal`` only
     the left half is kept (``j <= i``). Shape ``(seq_len, seq_len)``.
     """
-    _check_positive(seq_len=seq_len, dilation=dilation)
+    check_positive(seq_len=seq_len, dilation=dilation)
     if not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be a non-negative integer, got {window!r}")
     offset = torch.arange(seq_len)[:, None] - torch.arange(seq_len)[None, :]  # i - j
@@ -78,7 +73,7 @@ def global_mask(seq_len: int, global_idx) -> torch.Tensor:
 
     ``global_idx`` is a list or 1-D tensor of positions. Shape ``(seq_len, seq_len)``.
     """
-    _check_positive(seq_len=seq_len)
+    check_positive(seq_len=seq_len)
     idx = torch.as_tensor(global_idx, dtype=torch.long).reshape(-1)
     if idx.numel() and (idx.min() < 0 or idx.max() >= seq_len):
         raise ValueError(f"global_idx must lie in [0, {seq_len}), got {idx.tolist()}")
@@ -95,7 +90,7 @@ def random_mask(
 
     Shape ``(seq_len, seq_len)``; pass ``generator`` for a reproducible draw.
     """
-    _check_positive(seq_len=seq_len)
+    check_positive(seq_len=seq_len)
     if not isinstance(n_random, int) or not 0 <= n_random <= seq_len:
         raise ValueError(
             f"n_random must be an integer in [0, seq_len={seq_len}], got {n_random!r}"
@@ -151,7 +146,7 @@ def etc_relative_labels(
     may attend); ``segment_of_long`` is a list or 1-D tensor of ``n_long`` integers in
     ``[0, n_global)``.
     """
-    _check_positive(n_global=n_global, n_long=n_long)
+    check_positive(n_global=n_global, n_long=n_long)
     k = radius if max_distance is None else max_distance
     for name, value in (("radius", radius), ("max_distance", k)):
         if not isinstance(value, int) or value < 0:
@@ -192,7 +187,7 @@ class RelativeLabelBias(nn.Module):
 
     def __init__(self, n_labels: int, n_heads: int):
         super().__init__()
-        _check_positive(n_labels=n_labels, n_heads=n_heads)
+        check_positive(n_labels=n_labels, n_heads=n_heads)
         self.bias = nn.Embedding(n_labels, n_heads)
         nn.init.zeros_(self.bias.weight)
 
@@ -226,7 +221,7 @@ def bigbird_block_mask(
     Each non-global row has at most ``2 n_global + n_window + n_random`` active blocks,
     so the number of computed tiles grows linearly with ``n_blocks``.
     """
-    _check_positive(n_blocks=n_blocks)
+    check_positive(n_blocks=n_blocks)
     for name, value in (
         ("n_global", n_global),
         ("n_window", n_window),
@@ -261,7 +256,7 @@ def expand_block_mask(block_mask: torch.Tensor, block_size: int) -> torch.Tensor
     that are not multiples of ``block_size`` (a ragged last block), slice the result:
     ``[..., :L, :S]``.
     """
-    _check_positive(block_size=block_size)
+    check_positive(block_size=block_size)
     if (
         not isinstance(block_mask, torch.Tensor)
         or block_mask.dtype != torch.bool
@@ -323,7 +318,7 @@ def block_sparse_attention(
     """
     check_qkv("block_sparse_attention", q, k, v)
     k, v = grouped_kv(q, k, v)
-    _check_positive(block_size=block_size)
+    check_positive(block_size=block_size)
     L, S, b = q.shape[-2], k.shape[-2], block_size
     n_qb, n_kb = -(-L // b), -(-S // b)
     if (

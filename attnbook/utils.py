@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import numbers
 import os
 import random
 
@@ -18,6 +19,7 @@ __all__ = [
     "single_thread",
     "show_source",
     "largest_new_tensor",
+    "check_positive",
 ]
 
 
@@ -166,3 +168,15 @@ def largest_new_tensor(fn, *args, **kwargs) -> int:
     with Largest():
         fn(*args, **kwargs)
     return Largest.numel
+
+
+def check_positive(**values: int) -> None:
+    """Raise ``ValueError`` naming the argument unless every value is a positive
+    integer (a bool is not one): ``check_positive(seq_len=n, block_size=b)``."""
+    for name, value in values.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Integral)
+            or value < 1
+        ):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")

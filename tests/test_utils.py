@@ -103,3 +103,10 @@ def test_single_thread_restores_the_thread_count():
     with pytest.raises(RuntimeError), utils.single_thread():
         raise RuntimeError("an error inside the block")
     assert torch.get_num_threads() == threads  # restored on errors too
+
+
+def test_check_positive_names_the_argument_and_refuses_bools_floats_and_zero():
+    utils.check_positive(seq_len=3, block=1)
+    for bad in (0, -2, 1.0, True, "3"):
+        with pytest.raises(ValueError, match=rf"^block must be a positive integer, got {bad!r}$"):
+            utils.check_positive(seq_len=3, block=bad)
