@@ -180,6 +180,26 @@ def test_every_solution_passes_and_every_stub_fails():
     assert not problems, "\n".join(problems)
 
 
+def test_every_solution_passes_on_the_graders_fresh_inputs():
+    """The grader draws secret new inputs (``fresh_inputs``): a right answer must pass
+    whatever they are, so no check may lean on its default seed."""
+    problems = []
+    for salt in (1, 2**40 + 7, 123456789):
+        with exercises.common.fresh_inputs(salt):
+            for label, (name, imports, solution, expr) in book_exercises().items():
+                if not _run(label, imports, solution, expr):
+                    problems.append(f"{name}: the solution for {label!r} fails with salt {salt}")
+    assert not problems, "\n".join(problems)
+
+
+def test_fresh_inputs_change_the_inputs_and_restore_the_notebook_seed():
+    before = exercises.common.generator(5).initial_seed()
+    with exercises.common.fresh_inputs() as salt:
+        assert salt != 0
+        assert exercises.common.generator(5).initial_seed() != before
+    assert exercises.common.generator(5).initial_seed() == before == 5
+
+
 # ---------------------------------------------------------------------------------------------
 # Wrong answers fail: checks for the computable parts of exercises that were written-only
 # ---------------------------------------------------------------------------------------------

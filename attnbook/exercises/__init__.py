@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 __all__ = ["CheckResult", "register", "check", "labels", "CHECKS"]
 

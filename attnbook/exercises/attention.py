@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .common import assert_close, is_number
+from .common import assert_close, generator, is_number
 
 
 @register(
@@ -19,7 +19,7 @@ def _check_masked_softmax(student) -> None:
     :func:`attnbook.core.masked_softmax`."""
     from ..core import masked_softmax
 
-    gen = torch.Generator().manual_seed(101)
+    gen = generator(101)
     scores = torch.randn(2, 3, 5, 7, generator=gen) * 3
     mask = torch.rand(2, 1, 5, 7, generator=gen) > 0.3
     mask[0, 0, 2] = False  # a query with nothing to attend to
@@ -65,7 +65,7 @@ def _check_multi_head(student) -> None:
     cross-attention."""
     from ..core import MultiHeadAttention
 
-    gen = torch.Generator().manual_seed(102)
+    gen = generator(102)
     for d_model, n_heads, L, S in [(8, 1, 3, 3), (12, 3, 5, 5), (16, 4, 4, 6)]:
         # seed the layer's initial weights, leave the caller's RNG alone
         with torch.random.fork_rng(devices=[]):

@@ -1,11 +1,45 @@
-"""Helpers the exercise checks share: closeness with a readable message, exact numbers
-and counts."""
+"""Helpers the exercise checks share: the inputs' random generator, closeness with a
+readable message, exact numbers and counts."""
 
 from __future__ import annotations
 
+import contextlib
+import secrets
+from collections.abc import Iterator
+
 import torch
 
-__all__ = ["assert_close", "is_number", "real_number", "assert_int"]
+__all__ = [
+    "generator",
+    "fresh_inputs",
+    "assert_close",
+    "is_number",
+    "real_number",
+    "assert_int",
+]
+
+# Mixed into every check's seed; 0 in a reader's notebook (the same inputs every run),
+# a secret random number while the grader grades (inputs no submission can know).
+_salt = 0
+
+
+def generator(seed: int) -> torch.Generator:
+    """A ``torch.Generator`` for a check's inputs: seeded with ``seed`` in a notebook,
+    with ``seed`` mixed with a fresh secret inside :func:`fresh_inputs`."""
+    return torch.Generator().manual_seed((seed + _salt) % 2**63)
+
+
+@contextlib.contextmanager
+def fresh_inputs(salt: int | None = None) -> Iterator[int]:
+    """Within this block every check draws new random inputs: :func:`generator` mixes
+    ``salt`` (by default a secret random 62-bit number) into its seeds. Yields the
+    salt."""
+    global _salt
+    previous, _salt = _salt, secrets.randbits(62) if salt is None else salt
+    try:
+        yield _salt
+    finally:
+        _salt = previous
 
 
 def assert_close(
@@ -44,3 +78,16 @@ def assert_int(value, what: str, noun: str = "an int") -> None:
     assert isinstance(value, int) and not isinstance(value, bool), (
         f"{what}: return {noun}, got {type(value).__name__} {value!r}."
     )
+
+
+def largest_new_tensor(student, *args) -> int:
+    """The largest tensor (in elements) the operations of ``student(*args)`` create,
+    measured where the student's code runs: in this process for a function (see
+    :func:`attnbook.utils.largest_new_tensor`), in the submission's kernel for the
+    grader's stand-in of a function there (its class defines the measurement)."""
+    measure = getattr(type(student), "largest_new_tensor", None)
+    if measure is not None:
+        return measure(student, *args)
+    from ..utils import largest_new_tensor as measure_here
+
+    return measure_here(student, *args)

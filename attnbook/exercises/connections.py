@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .common import assert_close
+from .common import assert_close, generator
 
 
 @register(
@@ -19,7 +19,7 @@ def _check_hopfield_step(student) -> None:
     :func:`attnbook.connections.hopfield_update`."""
     from ..connections import hopfield_update
 
-    gen = torch.Generator().manual_seed(1101)
+    gen = generator(1101)
     patterns = torch.randn(10, 6, generator=gen)
     cases = [
         ("one query, beta = 1", torch.randn(1, 6, generator=gen), patterns, 1.0),
@@ -60,7 +60,7 @@ def _check_ssm_matrix(student) -> None:
     T[d].T`` = the SSM's output."""
     from ..connections import ssm_convolution
 
-    gen = torch.Generator().manual_seed(1102)
+    gen = generator(1102)
     for D, N, L in [(1, 1, 4), (3, 4, 9), (2, 8, 16)]:
         a = torch.rand(D, N, generator=gen, dtype=torch.float64) * 0.95
         b = torch.randn(D, N, generator=gen, dtype=torch.float64)
@@ -94,7 +94,7 @@ def _check_ssm_step(student) -> None:
     :func:`attnbook.connections.ssm_recurrent`."""
     from ..connections import ssm_recurrent
 
-    gen = torch.Generator().manual_seed(1103)
+    gen = generator(1103)
     cases = [  # (what, B, D, N, L, a = 0?, non-zero initial state?)
         ("a = 0 (no memory: y_t = sum_n c b x_t)", 1, 2, 3, 3, True, False),
         ("B=2, D=3, N=4 from a zero state", 2, 3, 4, 6, False, False),
@@ -164,7 +164,7 @@ def _check_linear_attention_ssm(student) -> None:
     equals the decayed recurrence run step by step."""
     from ..linear import elu_feature_map
 
-    gen = torch.Generator().manual_seed(1104)
+    gen = generator(1104)
     for n, gamma in [(1, 0.9), (2, 0.5), (5, 0.9), (8, 0.3), (9, 0.99), (6, 1.0)]:
         what = f"n={n}, gamma={gamma}"
         M = student(n, gamma)

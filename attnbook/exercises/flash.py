@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .common import assert_close, real_number
+from .common import assert_close, generator, real_number
 
 
 @register(
@@ -18,7 +18,7 @@ def _check_merge_states(student) -> None:
     """``student(m_a, l_a, m_b, l_b)`` must return the ``(m, l)`` of the concatenated
     scores, and ``(-inf, 0)`` for two empty blocks."""
 
-    gen = torch.Generator().manual_seed(0)
+    gen = generator(0)
     for n_a, n_b, spread in [(3, 5, 1.0), (1, 1, 10.0), (7, 2, 300.0)]:
         a = spread * torch.randn(4, n_a, generator=gen, dtype=torch.float64)
         b = spread * torch.randn(4, n_b, generator=gen, dtype=torch.float64)
@@ -105,7 +105,7 @@ def _check_attention_backward(student) -> None:
     """``student(q, k, v, out, lse, dout, scale)`` must return ``(dq, dk, dv)`` equal to
     autograd's in float64."""
 
-    gen = torch.Generator().manual_seed(0)
+    gen = generator(0)
     for L, S, E, scale in [(4, 6, 3, 0.5), (1, 1, 2, 1.0), (7, 3, 5, 0.3)]:
         q, k, v = (
             torch.randn(2, n, E, generator=gen, dtype=torch.float64, requires_grad=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .common import assert_close
+from .common import assert_close, generator
 
 
 def _random_edge_index(gen: torch.Generator, n: int, e: int) -> torch.Tensor:
@@ -23,7 +23,7 @@ def _check_gcn_propagation(student) -> None:
     that GCNLayer applies."""
     from ..graph import GCNLayer
 
-    gen = torch.Generator().manual_seed(1001)
+    gen = generator(1001)
     cases = [
         (
             "a path 0 - 1 - 2 (both directions)",
@@ -66,7 +66,7 @@ def _check_edge_softmax(student) -> None:
     :func:`attnbook.graph.edge_softmax`."""
     from ..graph import edge_softmax
 
-    gen = torch.Generator().manual_seed(1002)
+    gen = generator(1002)
     target = torch.randint(0, 6, (15,), generator=gen)
     cases = [
         ("scores of shape (E,)", torch.randn(15, generator=gen)),
@@ -96,7 +96,7 @@ def _check_gat_coefficients(student) -> None:
     ``GATLayer.forward_dense``'s weights."""
     from ..graph import GATLayer, to_dense_adjacency
 
-    gen = torch.Generator().manual_seed(1003)
+    gen = generator(1003)
     cases = [
         (
             "one head on a path 0 - 1 - 2 plus an isolated node 3",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .common import assert_close
+from .common import assert_close, generator
 
 
 @register(
@@ -44,7 +44,7 @@ def _check_paged_gather(student) -> None:
 
     from ..kvcache import PagedKVCache
 
-    gen = torch.Generator().manual_seed(6)
+    gen = generator(6)
     for block, n_blocks, lengths in [
         (4, 10, [7, 1, 8]),
         (1, 6, [2, 3]),
@@ -82,7 +82,7 @@ def _check_merge_splits(student) -> None:
     """``student(o, lse)`` must merge per-split outputs into full softmax attention;
     all-empty splits give zeros, not NaN."""
 
-    gen = torch.Generator().manual_seed(60)
+    gen = generator(60)
     for shape, n, d in [((2, 3), 4, 5), ((1,), 1, 2), ((2,), 6, 3)]:
         scores = 3 * torch.randn(*shape, n * 4, generator=gen, dtype=torch.float64)
         values = torch.randn(*shape, n * 4, d, generator=gen, dtype=torch.float64)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .common import assert_close, assert_int
+from .common import assert_close, assert_int, generator
 
 
 def _inputs(
     seed: int, L: int, S: int, E: int = 4, Ev: int = 3, batch: tuple[int, ...] = (2,)
 ):
-    gen = torch.Generator().manual_seed(seed)
+    gen = generator(seed)
     return (
         torch.randn(*batch, n, e, generator=gen, dtype=torch.float64)
         for n, e in ((L, E), (S, E), (S, Ev))
@@ -87,7 +87,7 @@ def _check_performer_features(student) -> None:
 
     from ..linear import performer_features
 
-    gen = torch.Generator().manual_seed(0)
+    gen = generator(0)
     for d, m, scale in [(4, 7, 1.0), (16, 32, 0.5), (8, 3, 1.0)]:
         x = scale * torch.randn(2, 5, d, generator=gen, dtype=torch.float64)
         W = torch.randn(m, d, generator=gen, dtype=torch.float64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .common import assert_close
+from .common import assert_close, generator
 
 
 @register(
@@ -117,7 +117,7 @@ def _check_rope(student) -> None:
     interleaved=True)``."""
     from ..positional import RotaryEmbedding
 
-    gen = torch.Generator().manual_seed(303)
+    gen = generator(303)
     for shape, base, start in [
         ((5, 2), 10000.0, 0),
         ((2, 3, 7, 8), 10000.0, 0),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .common import assert_close, assert_int, real_number
+from .common import assert_close, assert_int, generator, real_number
 
 
 @register(
@@ -20,7 +20,7 @@ def _check_luong_general(student) -> None:
     weights ``(B, S)``."""
     from ..rnn import LuongAttention
 
-    gen = torch.Generator().manual_seed(801)
+    gen = generator(801)
     for B, S, dq, dk in [(1, 2, 1, 1), (3, 5, 4, 6), (2, 7, 8, 8)]:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(S)
@@ -49,7 +49,7 @@ def _check_coverage_loss(student) -> None:
     """``student(weights (B, T, S))`` -> total coverage loss per example ``(B,)``."""
     from ..rnn import accumulated_coverage, coverage_loss
 
-    gen = torch.Generator().manual_seed(802)
+    gen = generator(802)
     # re-reads position 0 once: loss 1
     one_hot = torch.eye(3)[[0, 0, 1, 2]].unsqueeze(0)
     cases = [("hand example (position 0 read twice)", one_hot)]
@@ -77,7 +77,7 @@ def _check_local_p(student) -> None:
     ``(B, S)``."""
     from ..rnn import LocalAttention
 
-    gen = torch.Generator().manual_seed(803)
+    gen = generator(803)
     for B, S, D in [(1, 3, 1), (3, 9, 2), (2, 12, 3)]:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(S)

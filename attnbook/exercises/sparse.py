@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..utils import largest_new_tensor
 from . import register
-from .common import assert_close, assert_int
+from .common import assert_close, assert_int, generator, largest_new_tensor
 
 
 @register(
@@ -58,7 +57,7 @@ def _check_local_attention(student) -> None:
     from ..core import scaled_dot_product_attention
     from ..sparse import expand_block_mask
 
-    gen = torch.Generator().manual_seed(105)
+    gen = generator(105)
     for shape, block in [
         ((1, 4, 3), 1),
         ((2, 8, 4), 4),
@@ -96,7 +95,7 @@ def _check_sliding_window_attention(student) -> None:
     from ..core import scaled_dot_product_attention
     from ..sparse import sliding_window_mask
 
-    gen = torch.Generator().manual_seed(104)
+    gen = generator(104)
     for shape, window in [
         ((1, 1, 4), 0),
         ((2, 5, 4), 1),

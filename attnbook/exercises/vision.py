@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import register
-from .common import assert_close, real_number
+from .common import assert_close, generator, real_number
 
 
 @register(
@@ -23,7 +23,7 @@ def _check_patchify(student) -> None:
 
     from ..vision import PatchEmbedding
 
-    gen = torch.Generator().manual_seed(109)
+    gen = generator(109)
     for B, C, size, p in [(1, 1, 4, 2), (2, 3, 8, 4), (3, 2, 6, 3), (1, 1, 5, 5)]:
         x = torch.randn(B, C, size, size, generator=gen)
         expected = F.unfold(x, kernel_size=p, stride=p).transpose(1, 2)
@@ -57,7 +57,7 @@ def _check_rollout(student) -> None:
     (with the residual)."""
     from ..vision import attention_rollout
 
-    gen = torch.Generator().manual_seed(209)
+    gen = generator(209)
     cases = [(1, 1, 2, 1), (2, 4, 5, 3), (1, 2, 7, 6)]
     for B, H, T, L in cases:
         layers = [
@@ -85,7 +85,7 @@ def _check_spatial_gate(student) -> None:
     with that conv weight."""
     from ..vision import SpatialAttention
 
-    gen = torch.Generator().manual_seed(309)
+    gen = generator(309)
     cases = [
         ("one channel (mean = max), k = 1", (1, 1, 4, 4), 1),
         ("8 channels, a 7 x 5 map, k = 3", (2, 8, 7, 5), 3),
