@@ -1,34 +1,34 @@
-"""The course kit: student notebooks with the solutions stripped out, and a grader for
-submissions.
+"""The course kit: student notebooks with the solutions stripped out, an export to
+nbgrader, and the command line of the grader.
 
 A chapter's coding exercise is a code cell tagged ``solution`` whose answer lies between
 nbgrader's markers, followed by a check cell::
 
-    def my_softmax(scores):                                   # cell tagged solution,
-    hide-input
+    def my_softmax(scores):              # the answer cell, tagged solution, hide-input
         ### BEGIN SOLUTION
         return scores.softmax(-1)
         ### END SOLUTION
 
-    attnbook.exercises.check("attention-masked-softmax", my_softmax) # check cell
+    attnbook.exercises.check("attention-masked-softmax", my_softmax)   # the check cell
 
-Two commands turn the book into a course (a third exports it to nbgrader)::
+Three commands turn the book into a course::
 
     python -m attnbook.course student OUTDIR [--book book]
-    python -m attnbook.course nbgrader SOURCE_DIR [--book book] [--points 1]
-    python -m attnbook.course grade SUBMISSIONS... --out grades.csv [--timeout 120]
-        [--feedback DIR] [--book book]
+    python -m attnbook.course nbgrader SOURCE_DIR [--book book] [--points P]
+    python -m attnbook.course grade SUBMISSIONS... [--book book] [--out grades.csv]
+        [--jobs N] [--timeout 120] [--notebook-timeout 1800] [--memory 6]
+        [--output-limit 20] [--feedback DIR] [--gradebook FILE]
 
 ``student`` replaces every marked block by ``raise NotImplementedError(...)`` (so the
 check reports "not attempted" until the student writes code), un-hides the stub, clears
-outputs and removes the written ``{solution}`` directives. ``grade`` executes each
-submitted notebook in a fresh kernel with ``ATTNBOOK_GRADE_LOG`` pointing at a temporary
-file; every ``check`` appends a JSON line there (see :mod:`attnbook.exercises`), and the
-grader turns those lines into one CSV row per student, notebook and check, and one
-Markdown feedback file per student. Grading runs the submitted
-code: run it in a sandbox you trust with that.
+outputs and removes the written ``{solution}`` directives. ``grade`` rebuilds each
+submission from the book's chapter with only the student's answer cells, runs it in a
+kernel under limits, and runs the checks in its own process on new inputs (see
+:mod:`attnbook.grader` for how, and :mod:`attnbook.sandbox` for the limits); it writes
+one CSV row per student, notebook and check, a gradebook with points per chapter, and
+one Markdown feedback file per student.
 
-nbformat and nbclient come with the ``course`` extra: ``pip install
+nbformat, nbclient and jupyter_client come with the ``course`` extra: ``pip install
 "attnbook[course]"``.
 """
 
@@ -36,21 +36,20 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
-import json
-import os
 import re
-import site
 import sys
-import tempfile
+import time
 from pathlib import Path
+
+from . import grader, sandbox
+from .grader import CHECK_CALL as _CHECK_CALL
+from .grader import grade, write_feedback
 
 __all__ = [
     "strip_solutions",
     "make_student_bundle",
     "nbgrader_source",
     "make_nbgrader_source",
-    "grade_notebook",
     "grade",
     "write_feedback",
     "expected_labels",
@@ -60,12 +59,6 @@ __all__ = [
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
 STUB = 'raise NotImplementedError("Exercise: write your solution here")'
-CSV_FIELDS = ["student", "notebook", "label", "passed", "message"]
-NOT_RUN = "check did not run"
-
-# A check call in a code cell: check("label", ...) or attnbook.exercises.check('label',
-# ...).
-_CHECK_CALL = re.compile(r"""\bcheck\(\s*(["'])([^"'\n]+)\1""")
 # The opening line of a written solution: ```{solution} label  or  :::{solution} label
 _SOLUTION_OPEN = re.compile(r"^\s*(?P<fence>`{3,}|:{3,})\s*\{solution\}")
 
@@ -73,8 +66,7 @@ STUDENT_README = """\
 # Exercises: the student notebooks
 
 Each notebook here is one chapter of *Attention, from first principles to GPU kernels*
-with the
-exercise solutions taken out. Where a solution was, a cell now says
+with the exercise solutions taken out. Where a solution was, a cell now says
 
     raise NotImplementedError("Exercise: write your solution here")
 
@@ -82,27 +74,37 @@ Replace that line with your code; keep the function's name and signature.
 
 ## Opening the notebooks
 - **Locally**: `pip install "attnbook[course]"` (or, in a clone of the book's
-  repository,
-  `pip install -e ".[course]"`), then `jupyter lab` in this folder and open a chapter.
+  repository, `pip install -e ".[course]"`), then `jupyter lab` in this folder and open
+  a chapter.
 - **In Colab**: *File -> Upload notebook*. The first cell of every notebook installs
-  `attnbook` when
-  it is missing; run it first.
+  `attnbook` when it is missing; run it first.
 
 Run the notebook from the top (*Run -> Run All Cells*): later cells use what earlier
 cells define.
 
 ## What the checks print
 After each coding exercise a cell calls `attnbook.exercises.check("<label>",
-your_answer)` and prints
-one line:
-- `[PASSED] <label>: passed` - your answer agrees with the book's tested implementation;
+your_answer)` and prints one line:
+- `[PASSED] <label>: passed` - your answer agrees with the book's tested
+  implementation;
 - `[FAILED] <label>: not attempted yet ...` - the `raise NotImplementedError` is still
   there;
 - `[FAILED] <label>: <what differs> Hint: <a hint>` - a wrong answer, or your code
   raised an error.
-A check never stops the notebook, so you see every verdict in one run. Do not edit the
-check cells:
-the grader looks for them.
+A check never stops the notebook, so you see every verdict in one run.
+
+## What is graded
+Only your **answer cells** (the cells that held `raise NotImplementedError`) are graded.
+The grader takes them out of your notebook, puts them into the book's own copy of the
+chapter, runs that in a fresh kernel, and checks your functions on new random inputs.
+So:
+- write your whole answer inside the answer cell: helper functions too; code in cells
+  you added, and changes to other cells, are not used;
+- keep the answer cell where it is and do not delete it (it is found by its cell id, or
+  by its first line, such as `def my_masked_softmax(...)`);
+- your answer must work for any inputs of the kind the exercise describes, not only the
+  ones in the notebook;
+- answer cells that touch the grading machinery (`attnbook.exercises`) are not scored.
 
 ## Submitting
 1. Restart the kernel and run all cells, so the notebook runs top to bottom without your
@@ -111,11 +113,9 @@ the grader looks for them.
 3. Hand in your notebooks in a folder named after you, e.g.
    `ada_lovelace/attention.ipynb`.
 
-The grader re-runs every submitted notebook in a fresh kernel (each cell has a time
-limit, 120 s by
-default) and records every check: passed, failed, or "check did not run" when the
-notebook
-stopped or crashed before reaching it.
+Each cell, and each call of your function by a check, has a time limit (120 s by
+default), and the whole notebook one too. Every check is recorded: passed, failed, or
+"check did not run" when your function was not defined or the notebook stopped first.
 """
 
 
@@ -278,7 +278,7 @@ def _nbgrader_meta(
     return meta
 
 
-def nbgrader_source(nb, name: str = "notebook", points: float = 1):
+def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
     """The nbgrader *source* version of chapter ``nb`` (not modified), for ``nbgrader
     generate_assignment``.
 
@@ -286,9 +286,10 @@ def nbgrader_source(nb, name: str = "notebook", points: float = 1):
       and become *autograded answer* cells (``solution: true``), without the
       ``hide-input`` tag;
     - each check cell ``attnbook.exercises.check("label", f)`` becomes an *autograder
-      tests* cell worth ``points`` (``grade: true``, ``locked: true``, ``grade_id`` =
-      the label) whose call is wrapped in ``assert``, so a failed check raises and
-      nbgrader counts it;
+      tests* cell worth ``points``, by default the label's points in the chapter's
+      metadata (``metadata.attnbook.points``, 1 if absent): ``grade: true``,
+      ``locked: true``, ``grade_id`` = the label; its call is wrapped in ``assert``,
+      so a failed check raises and nbgrader counts it;
     - written ``{solution}`` directives are removed from markdown (nbgrader would
       release them);
     - outputs are cleared.
@@ -298,6 +299,7 @@ def nbgrader_source(nb, name: str = "notebook", points: float = 1):
     markers.
     """
     source = copy.deepcopy(nb)
+    given = nb.metadata.get("attnbook", {}).get("points", {})
     cells, pending = [], None  # pending: the last solution cell, waiting for its check
     for index, cell in enumerate(source.cells):
         where = f"{name}, cell {index}"
@@ -335,7 +337,11 @@ def nbgrader_source(nb, name: str = "notebook", points: float = 1):
                 f"assert {line}, 'the check above failed: read its message and hint'"
             )
             cell.metadata["nbgrader"] = _nbgrader_meta(
-                label, solution=False, grade=True, locked=True, points=points
+                label,
+                solution=False,
+                grade=True,
+                locked=True,
+                points=given.get(label, 1) if points is None else points,
             )
             if pending is not None:
                 pending.metadata["nbgrader"]["grade_id"] = f"{label}-answer"
@@ -346,7 +352,7 @@ def nbgrader_source(nb, name: str = "notebook", points: float = 1):
 
 
 def make_nbgrader_source(
-    book_dir="book", out_dir="source", points: float = 1
+    book_dir="book", out_dir="source", points: float | None = None
 ) -> list[Path]:
     """Write ``out_dir/<chapter>/<chapter>.ipynb`` for every ``book_dir/*.ipynb``:
     nbgrader's layout, one assignment per chapter (see :func:`nbgrader_source`). Returns
@@ -385,283 +391,6 @@ def expected_labels(nb) -> list[str]:
     return list(dict.fromkeys(found))
 
 
-def _kernel_env(log_path: Path) -> dict[str, str]:
-    """The kernel's environment: the grade log, and this attnbook on the path when it is
-    a source checkout.
-
-    Putting the grader's own checkout first on ``PYTHONPATH`` means the kernel runs the
-    same checks as the grader even when attnbook is not pip-installed; an installed
-    attnbook needs nothing.
-    """
-    env = dict(os.environ, ATTNBOOK_GRADE_LOG=str(log_path))
-    root = str(Path(__file__).resolve().parent.parent)
-    installed = {
-        str(Path(p).resolve())
-        for p in [*site.getsitepackages(), site.getusersitepackages()]
-    }
-    if root not in installed:
-        env["PYTHONPATH"] = os.pathsep.join(filter(None, [root, env.get("PYTHONPATH")]))
-    return env
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0] if text else ''}".rstrip(": ")
-
-
-def _check_cell_errors(nb) -> dict[str, str]:
-    """``{label: "NameError: name 'f' is not defined"}`` for each executed check cell
-    that raised.
-
-    A check cell raises when the code it checks never got defined (a syntax error or an
-    exception in the student's cell above it): the error tells the student where to
-    look.
-    """
-    errors = {}
-    for cell in nb.cells:
-        if cell.cell_type != "code":
-            continue
-        raised = [
-            out for out in cell.get("outputs", []) if out.get("output_type") == "error"
-        ]
-        if raised:
-            name, value = raised[0].get("ename", "Error"), raised[0].get("evalue", "")
-            text = f"{name}: {value}".strip().rstrip(":")
-            for match in _CHECK_CALL.finditer(cell.source):
-                errors.setdefault(match[2], text)
-    return errors
-
-
-def grade_notebook(
-    path, timeout: float = 120, expected: list[str] | None = None
-) -> list[dict]:
-    """Execute the notebook at ``path`` in a fresh ``python3`` kernel and return its
-    check results.
-
-    Cells run in the notebook's folder with ``allow_errors=True`` (a failing cell does
-    not stop the checks after it) and a per-cell ``timeout`` in seconds. Returns one
-    dict ``{"notebook", "label", "passed" (0/1), "message"}`` per check label: the last
-    verdict it reported, or ``"check did not run"`` for a label that never reported. The
-    labels expected are those the notebook's source calls plus ``expected`` (the book's
-    own labels for this chapter, so a deleted check cell still counts as a failed
-    check). A notebook that cannot be read, crashes its kernel or times out adds a row
-    with label ``"*"`` and the error; it never raises.
-    """
-    nbformat = _require("nbformat")
-    nbclient = _require("nbclient")
-    path = Path(path)
-    rows: dict[str, dict] = {}
-    try:
-        nb = nbformat.read(path, as_version=4)
-    except Exception as err:
-        unread = [
-            {"notebook": path.name, "label": label, "passed": 0, "message": NOT_RUN}
-            for label in expected or []
-        ]
-        return unread + [
-            {
-                "notebook": path.name,
-                "label": "*",
-                "passed": 0,
-                "message": f"could not read: {_first_line(err)}",
-            }
-        ]
-    error = None
-    with tempfile.TemporaryDirectory(prefix="attnbook-grade-") as tmp:
-        log_path = Path(tmp) / "checks.jsonl"
-        log_path.touch()
-        client = nbclient.NotebookClient(
-            nb,
-            timeout=timeout,
-            kernel_name="python3",
-            allow_errors=True,
-            resources={"metadata": {"path": str(path.parent.resolve())}},
-        )
-        try:
-            client.execute(env=_kernel_env(log_path))
-        except nbclient.exceptions.CellTimeoutError:
-            error = f"timed out: a cell ran longer than {timeout:g} s"
-        except Exception as err:  # a dead kernel, a kernel that does not start, ...
-            error = f"notebook did not finish: {_first_line(err)}"
-        for line in log_path.read_text().splitlines():
-            try:
-                report = json.loads(line)
-                rows[report["label"]] = {
-                    "label": report["label"],
-                    "passed": int(bool(report["passed"])),
-                    "message": report["message"],
-                }
-            # the submitted code wrote into the log
-            except (ValueError, KeyError, TypeError):
-                error = error or f"unreadable grade log line: {line[:80]!r}"
-    present = expected_labels(nb)
-    errors = _check_cell_errors(nb)
-    for label in present:
-        message = (
-            f"{NOT_RUN}: its cell raised {errors[label]}"
-            if label in errors
-            else NOT_RUN
-        )
-        rows.setdefault(label, {"label": label, "passed": 0, "message": message})
-    for label in expected or []:
-        rows.setdefault(
-            label,
-            {
-                "label": label,
-                "passed": 0,
-                "message": f"{NOT_RUN} (its check cell is missing)",
-            },
-        )
-    results = [{"notebook": path.name, **row} for row in rows.values()]
-    if error:
-        results.append(
-            {"notebook": path.name, "label": "*", "passed": 0, "message": error}
-        )
-    return results
-
-
-def _submissions(paths) -> list[tuple[str, Path, str]]:
-    """``(student, notebook path, notebook name)`` for every submitted notebook.
-
-    A file is its own submission (student = file stem). A directory is searched
-    recursively; a notebook in a sub-folder belongs to the student named by the first
-    folder below the given directory, one directly inside it to the student named by its
-    stem.
-    """
-    found = []
-    for given in map(Path, paths):
-        if given.is_file():
-            found.append((given.stem, given, given.name))
-        elif given.is_dir():
-            for path in sorted(given.rglob("*.ipynb")):
-                rel = path.relative_to(given)
-                if ".ipynb_checkpoints" in rel.parts:
-                    continue
-                if len(rel.parts) > 1:
-                    found.append((rel.parts[0], path, Path(*rel.parts[1:]).as_posix()))
-                else:
-                    found.append((path.stem, path, path.name))
-        else:
-            raise FileNotFoundError(f"submission {str(given)!r} does not exist")
-    return found
-
-
-def _book_labels(book_dir, notebook: str) -> list[str] | None:
-    """The check labels of the book's own copy of ``notebook`` (matched by file name),
-    if there is one."""
-    if book_dir is None:
-        return None
-    original = Path(book_dir) / Path(notebook).name
-    if not original.is_file():
-        return None
-    return expected_labels(_require("nbformat").read(original, as_version=4))
-
-
-def grade(
-    paths, out_csv="grades.csv", timeout: float = 120, feedback_dir=None, book_dir=None
-) -> list[dict]:
-    """Grade every submitted notebook under ``paths``; write a CSV and one feedback file
-    per student.
-
-    ``paths`` are notebook files or directories (see the student naming rule in
-    ``_submissions``). Each row is ``{"student", "notebook", "label", "passed",
-    "message"}`` as in :func:`grade_notebook`. A crash or a time-out in one submission
-    is a row, never an abort. The CSV goes to ``out_csv``; the feedback files (see
-    :func:`write_feedback`) to ``feedback_dir``, by default a ``feedback`` folder beside
-    the CSV. With ``book_dir`` (the chapters' folder), a submission is also expected to
-    report every check of the book's notebook of the same name.
-    """
-    rows = []
-    for student, path, notebook in _submissions(paths):
-        for row in grade_notebook(
-            path, timeout=timeout, expected=_book_labels(book_dir, notebook)
-        ):
-            rows.append({"student": student, **row, "notebook": notebook})
-    out_csv = Path(out_csv)
-    out_csv.parent.mkdir(parents=True, exist_ok=True)
-    with out_csv.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS)
-        writer.writeheader()
-        writer.writerows(rows)
-    write_feedback(
-        rows, out_csv.parent / "feedback" if feedback_dir is None else feedback_dir
-    )
-    return rows
-
-
-def _feedback_name(student: str) -> str:
-    """A safe file name for ``student``'s feedback: letters, digits, ``.``, ``_`` and
-    ``-`` only."""
-    return (re.sub(r"[^\w.-]+", "_", student).strip("._") or "student") + ".md"
-
-
-def write_feedback(rows: list[dict], feedback_dir) -> list[Path]:
-    """Write ``feedback_dir/<student>.md`` for every student in ``rows`` (the rows
-    :func:`grade` returns).
-
-    Each file says, per notebook, how many checks passed and, for every check, PASSED or
-    FAILED with the check's message and hint, exactly as the student saw it when running
-    the notebook; a notebook that crashed, timed out or could not be read says so first.
-    Returns the paths written.
-    """
-    from . import __version__
-
-    feedback_dir = Path(feedback_dir)
-    feedback_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for student in dict.fromkeys(row["student"] for row in rows):
-        mine = [row for row in rows if row["student"] == student]
-        checks = [row for row in mine if row["label"] != "*"]
-        lines = [
-            f"# Feedback for {student}",
-            "",
-            f"{sum(int(r['passed']) for r in checks)} of {len(checks)} checks passed "
-            f"(graded with attnbook {__version__}: every notebook re-run from the top "
-            "in a fresh kernel).",
-            "",
-        ]
-        for notebook in dict.fromkeys(row["notebook"] for row in mine):
-            rows_nb = [row for row in mine if row["notebook"] == notebook]
-            checks_nb = [row for row in rows_nb if row["label"] != "*"]
-            lines += [
-                f"## {notebook}: "
-                f"{sum(int(r['passed']) for r in checks_nb)}/{len(checks_nb)} checks "
-                "passed",
-                "",
-            ]
-            lines += [
-                f"- **The notebook did not run to the end**: {row['message']}. Checks "
-                "after that point "
-                "could not run; run it top to bottom yourself (Restart & Run All) to "
-                "see where it stops."
-                for row in rows_nb
-                if row["label"] == "*"
-            ]
-            for row in checks_nb:
-                verdict = "PASSED" if int(row["passed"]) else "FAILED"
-                lines.append(f"- `[{verdict}] {row['label']}`: {row['message']}")
-            lines.append("")
-        path = feedback_dir / _feedback_name(student)
-        path.write_text("\n".join(lines))
-        written.append(path)
-    return written
-
-
-def _summary(rows: list[dict]) -> str:
-    """One line per student: checks passed out of checks expected, and failed runs."""
-    lines = []
-    for student in dict.fromkeys(row["student"] for row in rows):
-        mine = [row for row in rows if row["student"] == student]
-        checks = [row for row in mine if row["label"] != "*"]
-        broken = sorted({row["notebook"] for row in mine if row["label"] == "*"})
-        passed = sum(row["passed"] for row in checks)
-        line = f"  {student}: {passed}/{len(checks)} checks passed"
-        lines.append(
-            line + (f"; did not finish: {', '.join(broken)}" if broken else "")
-        )
-    return "\n".join(lines)
-
-
 # --------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------
@@ -693,33 +422,67 @@ def main(argv=None) -> int:
     nbg.add_argument(
         "--points",
         type=float,
-        default=1,
-        help="points per auto-checked exercise (default: 1)",
+        default=None,
+        help="points per auto-checked exercise (default: each chapter's "
+        "metadata.attnbook.points, 1 where it lists none)",
     )
-    grader = commands.add_parser(
-        "grade", help="execute submitted notebooks and write a CSV of their checks"
+    grading = commands.add_parser(
+        "grade",
+        help="grade submitted notebooks: checks run in the grader, on new inputs",
     )
-    grader.add_argument(
+    grading.add_argument(
         "submissions", nargs="+", help="notebooks, or folders searched for *.ipynb"
     )
-    grader.add_argument(
+    grading.add_argument(
+        "--book",
+        default="book",
+        help="the chapters' folder: each notebook is rebuilt from the chapter of its "
+        "name (default: book)",
+    )
+    grading.add_argument(
         "--out", default="grades.csv", help="CSV file to write (default: grades.csv)"
     )
-    grader.add_argument(
-        "--timeout", type=float, default=120, help="seconds per cell (default: 120)"
-    )
-    grader.add_argument(
+    grading.add_argument(
         "--feedback",
         default=None,
         help="folder for one feedback file per student (default: feedback/ beside the "
         "CSV)",
     )
-    grader.add_argument(
-        "--book",
-        default="book",
-        help="the chapters' folder: a submission must report every check of the "
-        "chapter "
-        "with its name (default: book, skipped when it does not exist)",
+    grading.add_argument(
+        "--gradebook",
+        default=None,
+        help="gradebook CSV, one row per student (default: gradebook.csv beside the "
+        "CSV)",
+    )
+    grading.add_argument(
+        "--jobs", type=int, default=1, help="notebooks graded at once (default: 1)"
+    )
+    limits = sandbox.Limits()
+    grading.add_argument(
+        "--timeout",
+        type=float,
+        default=limits.cell_timeout,
+        help="seconds per cell and per call into an answer (default: "
+        f"{limits.cell_timeout:g})",
+    )
+    grading.add_argument(
+        "--notebook-timeout",
+        type=float,
+        default=limits.notebook_timeout,
+        help=f"seconds per notebook (default: {limits.notebook_timeout:g})",
+    )
+    grading.add_argument(
+        "--memory",
+        type=float,
+        default=limits.memory / sandbox.GIB,
+        help="GiB of memory per kernel process (default: "
+        f"{limits.memory / sandbox.GIB:g})",
+    )
+    grading.add_argument(
+        "--output-limit",
+        type=float,
+        default=limits.output / 2**20,
+        help=f"MB of output per notebook (default: {limits.output / 2**20:g})",
     )
     args = parser.parse_args(argv)
 
@@ -737,27 +500,50 @@ def main(argv=None) -> int:
                 f"nbgrader generate_assignment <chapter> makes the release versions"
             )
         else:
-            book = args.book if Path(args.book).is_dir() else None
+            limits = sandbox.Limits(
+                cell_timeout=args.timeout,
+                notebook_timeout=args.notebook_timeout,
+                memory=int(args.memory * sandbox.GIB),
+                output=int(args.output_limit * 2**20),
+            )
+            out = Path(args.out)
             feedback = (
-                Path(args.out).parent / "feedback"
-                if args.feedback is None
-                else Path(args.feedback)
+                out.parent / "feedback" if args.feedback is None else args.feedback
             )
-            rows = grade(
+            book = (
+                out.parent / "gradebook.csv"
+                if args.gradebook is None
+                else args.gradebook
+            )
+            start = time.monotonic()
+
+            def progress(done, total, student, notebook):
+                print(
+                    f"[{done}/{total}] {student}/{notebook} "
+                    f"({time.monotonic() - start:.0f} s)",
+                    flush=True,
+                )
+
+            rows = grader.grade(
                 args.submissions,
-                args.out,
-                timeout=args.timeout,
+                out,
+                book_dir=args.book,
+                limits=limits,
+                jobs=args.jobs,
                 feedback_dir=feedback,
-                book_dir=book,
+                gradebook=book,
+                progress=progress,
             )
-            checks = [row for row in rows if row["label"] != "*"]
+            checks = [row for row in rows if row["label"] != grader.NOTEBOOK]
             print(
                 f"Graded {len({(r['student'], r['notebook']) for r in rows})} "
-                "notebooks: "
+                f"notebooks in {time.monotonic() - start:.0f} s: "
                 f"{sum(r['passed'] for r in checks)}/{len(checks)} checks passed"
             )
-            print(_summary(rows))
-            print(f"Wrote {args.out} and one feedback file per student in {feedback}/")
+            print(grader.summary(rows))
+            print(
+                f"Wrote {out}, {book} and one feedback file per student in {feedback}/"
+            )
     except (ValueError, FileNotFoundError) as err:
         parser.exit(1, f"error: {err}\n")
     return 0

@@ -7,19 +7,17 @@ with a hint. Checks are registered by label with :func:`register`; labels are
 ``<topic>-short-name`` (``positional-alibi-slopes``), equal the ``{exercise}`` label in
 the chapter, and the checks of each chapter live in the submodule named by its topic.
 
-When the environment variable ``ATTNBOOK_GRADE_LOG`` names a file, every check also
-appends one JSON line ``{"label", "passed", "message"}`` to it: that is how ``python -m
-attnbook.course grade`` learns what passed without parsing printed text.
+The grader (:mod:`attnbook.grader`) does not run ``check`` in the student's kernel: it
+calls :func:`run_check` in its own process on a stand-in for the student's answer, with
+inputs drawn from a secret seed (:func:`attnbook.exercises.common.fresh_inputs`).
 """
 
 from __future__ import annotations
 
-import json
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["CheckResult", "register", "check", "labels", "CHECKS"]
+__all__ = ["CheckResult", "register", "check", "run_check", "labels", "CHECKS"]
 
 
 @dataclass(frozen=True)
@@ -63,25 +61,9 @@ def labels() -> list[str]:
     return sorted(CHECKS)
 
 
-def _log(result: CheckResult) -> None:
-    path = os.environ.get("ATTNBOOK_GRADE_LOG")
-    if path:
-        with open(path, "a") as f:
-            f.write(
-                json.dumps(
-                    {
-                        "label": result.label,
-                        "passed": result.passed,
-                        "message": result.message,
-                    }
-                )
-                + "\n"
-            )
-
-
-def check(label: str, student: object) -> CheckResult:
-    """Run the check registered for ``label`` on the student's object and print the
-    verdict."""
+def run_check(label: str, student: object) -> CheckResult:
+    """The verdict of the check registered for ``label`` on the student's object,
+    without printing it: the grader calls this in its own process."""
     if label not in CHECKS:
         raise ValueError(
             f"unknown exercise label {label!r}; known labels: {', '.join(labels())}"
@@ -89,25 +71,30 @@ def check(label: str, student: object) -> CheckResult:
     entry = CHECKS[label]
     try:
         entry.fn(student)
-        result = CheckResult(label, True, "passed")
+        return CheckResult(label, True, "passed")
     except NotImplementedError:
-        result = CheckResult(
+        return CheckResult(
             label,
             False,
             "not attempted yet: replace the `raise NotImplementedError` with your code",
         )
     except AssertionError as err:
-        result = CheckResult(label, False, f"{err} Hint: {entry.hint}".strip())
+        return CheckResult(label, False, f"{err} Hint: {entry.hint}".strip())
     # a crash in student code is a failed check, never a crashed notebook
     except Exception as err:
-        result = CheckResult(
+        return CheckResult(
             label,
             False,
             f"your code raised {type(err).__name__}: {err}. Hint: {entry.hint}",
         )
+
+
+def check(label: str, student: object) -> CheckResult:
+    """Run the check registered for ``label`` on the student's object and print the
+    verdict."""
+    result = run_check(label, student)
     mark = "PASSED" if result.passed else "FAILED"
     print(f"[{mark}] {label}: {result.message}")
-    _log(result)
     return result
 
 
