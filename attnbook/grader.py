@@ -784,18 +784,32 @@ def _check(kernel: KernelSession, step: Step, run_check, answer_error) -> dict:
 # --------------------------------------------------------------------------------------
 # 4. Many submissions: rows, CSV, feedback, gradebook
 # --------------------------------------------------------------------------------------
-def _submissions(paths) -> list[tuple[str, Path, str]]:
+def _submissions(paths, chapters=()) -> list[tuple[str, Path, str]]:
     """``(student, notebook path, notebook name)`` for every submitted notebook.
 
-    A file is its own submission (student = file stem). A directory is searched
-    recursively (links are not followed); a notebook in a sub-folder belongs to the
-    student named by the first folder below the given directory, one directly inside it
-    to the student named by its stem.
+    A directory is searched recursively (links are not followed): a notebook in a
+    sub-folder belongs to the student named by the first folder below the given
+    directory (``ada/attention.ipynb``). A notebook directly in it, or given as a file,
+    belongs to the student its name gives: ``ada_attention.ipynb`` or
+    ``ada-attention.ipynb`` (the form in which Canvas and Moodle download
+    submissions) is ada's ``attention.ipynb`` when ``attention.ipynb`` is one of
+    ``chapters``; any other name is its own student.
     """
+
+    def loose(path: Path) -> tuple[str, Path, str]:
+        for chapter in sorted(chapters, key=len, reverse=True):
+            for sep in ("_", "-"):
+                if (
+                    path.name.endswith(sep + chapter)
+                    and len(path.name) > len(chapter) + 1
+                ):
+                    return path.name[: -len(chapter) - 1], path, chapter
+        return path.stem, path, path.name
+
     found = []
     for given in map(Path, paths):
         if given.is_file():
-            found.append((given.stem, given, given.name))
+            found.append(loose(given))
         elif given.is_dir():
             for folder, dirs, files in os.walk(given):
                 dirs[:] = sorted(d for d in dirs if d != ".ipynb_checkpoints")
@@ -809,7 +823,7 @@ def _submissions(paths) -> list[tuple[str, Path, str]]:
                             (rel.parts[0], path, Path(*rel.parts[1:]).as_posix())
                         )
                     else:
-                        found.append((path.stem, path, path.name))
+                        found.append(loose(path))
         else:
             raise FileNotFoundError(f"submission {str(given)!r} does not exist")
     return found
@@ -856,7 +870,7 @@ def grade(
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
     chapters = load_chapters(book_dir)
-    submissions = _submissions(paths)
+    submissions = _submissions(paths, chapters)
     out_csv = Path(out_csv)
     lock, done = threading.Lock(), [0]
 
@@ -983,7 +997,7 @@ def write_gradebook(rows: list[dict], chapters: dict[str, Chapter], path) -> Pat
     ``Student`` to the login or ID field when importing). A chapter a student did not
     submit is empty; a cell never starts with ``=``, ``+``, ``-`` or ``@``.
     """
-    graded = [n for n in chapters if any(r["notebook"] == n for r in rows)]
+    graded = [n for n in chapters if any(Path(r["notebook"]).name == n for r in rows)]
     header = ["Student"]
     for name in graded:
         header.append(
@@ -1004,7 +1018,7 @@ def write_gradebook(rows: list[dict], chapters: dict[str, Chapter], path) -> Pat
                     r
                     for r in rows
                     if r["student"] == student
-                    and r["notebook"] == name
+                    and Path(r["notebook"]).name == name
                     and r["label"] != NOTEBOOK
                 ]
                 if not mine:

@@ -79,17 +79,6 @@ def test_registering_a_label_twice_raises(registry):
         register("t-square", hint="again")(lambda f: None)
 
 
-def test_every_check_appends_a_json_line_to_the_grade_log(registry, tmp_path, monkeypatch, capsys):
-    log = tmp_path / "grade.jsonl"
-    monkeypatch.setenv("ATTNBOOK_GRADE_LOG", str(log))
-    check("t-square", lambda x: x * x)
-    check("t-square", lambda x: x)
-    lines = [json.loads(line) for line in log.read_text().splitlines()]
-    assert lines[0] == {"label": "t-square", "passed": True, "message": "passed"}
-    assert lines[1]["passed"] is False and lines[1]["message"].startswith("square(3) should be 9")
-    assert len(lines) == 2
-
-
 def test_assert_close_names_the_shape_or_the_error():
     exercises.common.assert_close(torch.ones(2), torch.ones(2) + 1e-7, "weights")
     with pytest.raises(AssertionError, match=r"weights: expected shape \(3,\), got \(2,\)"):
@@ -198,6 +187,20 @@ def test_fresh_inputs_change_the_inputs_and_restore_the_notebook_seed():
         assert salt != 0
         assert exercises.common.generator(5).initial_seed() != before
     assert exercises.common.generator(5).initial_seed() == before == 5
+
+
+def test_every_label_has_at_least_two_plausible_wrong_answers_that_fail():
+    """tests/test_wrong_answers_<topic>.py list the mistakes (see tests/wrong_answers.py)."""
+    import importlib
+
+    found = {}
+    for path in sorted(Path(__file__).parent.glob("test_wrong_answers_*.py")):
+        for mistake in importlib.import_module(path.stem).MISTAKES:
+            found.setdefault(mistake.label, []).append(mistake.what)
+    unknown = sorted(set(found) - set(labels()))
+    assert not unknown, f"wrong answers for labels that are not registered: {unknown}"
+    few = {label: found.get(label, []) for label in labels() if len(found.get(label, [])) < 2}
+    assert not few, f"labels with fewer than two wrong-answer tests: {few}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -45,12 +45,86 @@ def _check_masked_softmax(student) -> None:
         ),
     ]
     for what, args, kwargs, expected in cases:
-        actual = student(*args, **kwargs)
+        given = [a.clone() for a in args]
+        actual = student(*given, **kwargs)
         assert isinstance(actual, torch.Tensor), (
             f"{what}: return a torch.Tensor, got {type(actual).__name__}."
         )
-        assert not torch.isnan(actual).any(), f"{what}: your weights contain NaN."
-        assert_close(actual, expected, what)
+        changed = [
+            n for n, a, b in zip(("scores", "mask"), args, given) if a.ne(b).any()
+        ]
+        assert not changed, (
+            f"{what}: your function changed its input {changed[0]} in place: "
+            "write scores = scores / temperature (a new tensor), not "
+            "scores /= temperature or a masked_fill_."
+        )
+        assert actual.shape == expected.shape, (
+            f"{what}: expected shape {tuple(expected.shape)}, "
+            f"got {tuple(actual.shape)}."
+        )
+        _check_weights(what, actual, expected, *args, **kwargs)
+
+
+def _first(where: torch.Tensor) -> tuple[int, ...]:
+    return tuple(where.nonzero()[0].tolist())
+
+
+def _check_weights(what, actual, expected, scores, mask=None, temperature=1.0) -> None:
+    """Name the first row that breaks a property of the masked softmax (no NaN, rows sum
+    to 1 or, with no allowed key, to 0, masked keys get no weight), then compare."""
+    from ..core import masked_softmax
+
+    allowed = torch.ones_like(scores, dtype=torch.bool)
+    if mask is not None:
+        allowed = allowed & mask
+    dead = ~allowed.any(-1)  # rows with no allowed key
+    nan_rows = torch.isnan(actual).any(-1)
+    live_nan = nan_rows & ~dead
+    if live_nan.any():
+        row = _first(live_nan)
+        top = (scores[row] / temperature).max().item()
+        raise AssertionError(
+            f"{what}: your weights contain NaN in row {row}"
+            + (
+                f", whose largest score is {top:.0f}: exp overflowed to inf, and inf "
+                "/ inf is NaN; subtract the row maximum before exp (softmax is shift "
+                "invariant)."
+                if top > 80.0  # exp(88.7) is inf in float32
+                else "."
+            )
+        )
+    assert not nan_rows.any(), (
+        f"{what}: your weights contain NaN in row {_first(nan_rows)}, which has no "
+        "allowed key: such a row must give zeros, not NaN (its maximum is -inf, and "
+        "-inf - (-inf) is NaN)."
+    )
+    sums = actual.double().sum(-1)
+    bad = (sums - (~dead).double()).abs() > 1e-3
+    if bad.any():
+        row = _first(bad)
+        assert not dead[row], (
+            f"{what}: row {row} has no allowed key, but your weights there sum to "
+            f"{sums[row].item():.4g}: a row with no allowed key must give zeros (a "
+            "large negative number instead of -inf gives a uniform row)."
+        )
+        raise AssertionError(
+            f"{what}: row {row} of your weights sums to {sums[row].item():.4g}, not 1: "
+            "normalize over the last dimension (the keys), after masking."
+        )
+    leak = (actual.abs() > 1e-5) & ~allowed
+    assert not leak.any(), (
+        f"{what}: your weights give {actual[_first(leak)].item():.3g} to the masked "
+        f"key at {_first(leak)}: fill masked scores with -inf before the exp."
+    )
+    if temperature != 1.0:
+        for wrong, how in [
+            (1.0 / temperature, "you multiplied the scores by the temperature"),
+            (1.0, "you ignored the temperature"),
+        ]:
+            assert not torch.allclose(
+                actual.double(), masked_softmax(scores, mask, wrong).double(), atol=1e-5
+            ), f"{what}: {how}; divide the scores by it (T = {temperature})."
+    assert_close(actual, expected, what)
 
 
 @register(
@@ -66,6 +140,7 @@ def _check_multi_head(student) -> None:
     from ..core import MultiHeadAttention
 
     gen = generator(102)
+    one_head_passed = False
     for d_model, n_heads, L, S in [(8, 1, 3, 3), (12, 3, 5, 5), (16, 4, 4, 6)]:
         # seed the layer's initial weights, leave the caller's RNG alone
         with torch.random.fork_rng(devices=[]):
@@ -74,17 +149,67 @@ def _check_multi_head(student) -> None:
         x = torch.randn(2, L, d_model, generator=gen)
         context = torch.randn(2, S, d_model, generator=gen)
         with torch.no_grad():
-            if L == S:
-                assert_close(
-                    student(mha, x),
-                    mha(x),
-                    f"self-attention, d_model={d_model}, n_heads={n_heads}",
-                )
-            assert_close(
-                student(mha, x, context),
-                mha(x, context),
-                f"cross-attention, d_model={d_model}, n_heads={n_heads}, L={L}, S={S}",
+            heads = []  # what reaches out_proj: the concatenated heads
+            hook = mha.out_proj.register_forward_hook(
+                lambda module, inputs, output: heads.append(inputs[0])
             )
+            try:
+                self_attention, cross_attention = mha(x), mha(x, context)
+            finally:
+                hook.remove()
+            cases = [
+                (
+                    f"cross-attention, d_model={d_model}, n_heads={n_heads}, L={L}, "
+                    f"S={S}",
+                    (x, context),
+                    cross_attention,
+                    heads[1],
+                )
+            ]
+            if L == S:
+                cases.insert(
+                    0,
+                    (
+                        f"self-attention, d_model={d_model}, n_heads={n_heads}",
+                        (x,),
+                        self_attention,
+                        heads[0],
+                    ),
+                )
+            for what, args, expected, concatenated in cases:
+                got = student(mha, *args)
+                note = ""
+                if _same(got, concatenated):
+                    note = (
+                        " Your output equals the concatenated heads before "
+                        "mha.out_proj: apply out_proj to them."
+                    )
+                elif len(args) == 2 and _same(got, self_attention):
+                    note = (
+                        " Your output equals the self-attention of x: take the keys "
+                        "and values from context."
+                    )
+                elif n_heads > 1 and one_head_passed:
+                    note = (
+                        " n_heads=1 passed, so look at how you split the features: "
+                        "head i uses features i * head_dim : (i + 1) * head_dim of "
+                        "each projection (a (B, T, h, head_dim) view, then a "
+                        "transpose to (B, h, T, head_dim))."
+                    )
+                try:
+                    assert_close(got, expected, what)
+                except AssertionError as err:
+                    raise AssertionError(f"{err}{note}") from None
+        one_head_passed = one_head_passed or n_heads == 1
+
+
+def _same(actual, expected) -> bool:
+    """``actual`` is a tensor of ``expected``'s shape and values."""
+    return (
+        isinstance(actual, torch.Tensor)
+        and actual.shape == expected.shape
+        and torch.allclose(actual.double(), expected.double(), atol=1e-5, rtol=1e-4)
+    )
 
 
 @register(
@@ -131,5 +256,40 @@ def _check_sqrt_dk(student) -> None:
         scaled = float(s) ** 2 * var
         assert abs(scaled - 1) < tol, (
             f"{what} your s = {s!r} gives Var[s q.k] = {scaled:.6g} ({how}); it "
-            f"should be 1, which needs s {needed}."
+            f"should be 1, which needs s {needed}.{_slip(float(s), d_k, sq, sk)}"
         )
+
+
+def _slip(s: float, d_k: int, sq: float, sk: float) -> str:
+    """What a wrong scale factor ``s`` most likely did, if it is a known slip."""
+    import math
+
+    sd = sq * sk * math.sqrt(d_k)  # the standard deviation of q.k
+    slips = [
+        (
+            1 / math.sqrt(d_k),
+            "ignores sigma_q and sigma_k: it is right only when sigma_q sigma_k = 1",
+        ),
+        (1 / (sq * sk * d_k), "divides by d_k, not sqrt(d_k): Var[s X] = s^2 Var[X]"),
+        (
+            sd,
+            "is sigma_q sigma_k sqrt(d_k), the standard deviation of q.k: s is its "
+            "reciprocal",
+        ),
+        (
+            1 / (sq**2 * sk**2 * math.sqrt(d_k)),
+            "divides by the variances sigma_q^2 sigma_k^2: Var[q.k] = d_k "
+            "sigma_q^2 sigma_k^2, so s divides by the standard deviations "
+            "sigma_q sigma_k",
+        ),
+        (
+            1 / math.sqrt(d_k * sq * sk),
+            "takes Var[q.k] = d_k sigma_q sigma_k, but "
+            "Var[q_i k_i] = sigma_q^2 sigma_k^2",
+        ),
+        (1 / sd**2, "is 1 / Var[q.k]: s^2 Var[q.k] = 1 needs its square root"),
+    ]
+    for value, what in slips:
+        if math.isclose(s, value, rel_tol=1e-9):
+            return f" Your s {what}."
+    return ""
