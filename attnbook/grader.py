@@ -44,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -320,7 +321,7 @@ class KernelSession:
         self._folder = tempfile.TemporaryDirectory(prefix="attnbook-kernel-")
         self.folder = Path(self._folder.name)
         self.proc: subprocess.Popen | None = None
-        self.client = None
+        self.client, self._monitors = None, []
 
     # ---- life cycle ------------------------------------------------------------------
     def start(self) -> None:
@@ -348,10 +349,15 @@ class KernelSession:
             start_new_session=True,
         )
         context = zmq.Context()
-        context.setsockopt(zmq.MAXMSGSIZE, self.limits.output + 2**20)
+        context.setsockopt(zmq.MAXMSGSIZE, self.limits.output)
         self.client = jupyter_client.BlockingKernelClient(context=context)
         self.client.load_connection_file(str(connection))
         self.client.start_channels()
+        # a message over MAXMSGSIZE disconnects the kernel's channel: watch for that
+        self._monitors = [
+            channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            for channel in (self.client.iopub_channel, self.client.shell_channel)
+        ]
         ready_by = time.monotonic() + 120
         while True:
             self._alive()
@@ -363,6 +369,9 @@ class KernelSession:
                     raise KernelGone("the kernel did not start in 120 s") from None
 
     def close(self) -> None:
+        for monitor in self._monitors:
+            with contextlib.suppress(Exception):
+                monitor.close(linger=0)
         if self.client is not None:
             with contextlib.suppress(Exception):
                 self.client.stop_channels()
@@ -436,6 +445,11 @@ class KernelSession:
             left = until - time.monotonic()
             if left <= 0:
                 return False
+            if any(monitor.poll(0) for monitor in self._monitors):
+                self.kill(
+                    "the notebook sent more than "
+                    f"{self.limits.output // 2**20} MB of output at once"
+                )
             try:
                 msg = self.client.get_iopub_msg(timeout=min(left, 0.5))
             except queue.Empty:
@@ -457,9 +471,14 @@ class KernelSession:
                 return True
 
     def _reply(self, msg_id: str) -> dict:
-        until = time.monotonic() + 30
+        until = time.monotonic() + 10
         while time.monotonic() < until:
             self._alive()
+            if any(monitor.poll(0) for monitor in self._monitors):
+                self.kill(
+                    "the notebook sent more than "
+                    f"{self.limits.output // 2**20} MB of output at once"
+                )
             try:
                 msg = self.client.get_shell_msg(timeout=0.5)
             except queue.Empty:
@@ -487,9 +506,10 @@ class KernelSession:
         payload = None
         if args is not None:
             payload = base64.b64encode(pickle.dumps((args, kwargs or {}))).decode()
+        limit = min(MAX_REPLY, self.limits.output // 2)
         code = _KERNEL_SIDE + (
             f"\n__attnbook_reply__ = __attnbook_answer__({expr!r}, {path!r}, "
-            f"{payload!r}, {measure!r})\ndel __attnbook_answer__"
+            f"{payload!r}, {measure!r}, {limit})\ndel __attnbook_answer__"
         )
         run = self.run(code, {"reply": "__attnbook_reply__"})
         if run.error is not None:
@@ -516,7 +536,7 @@ class KernelSession:
 # calls it on the grader's inputs, and encodes the result as plain data (exact built-in
 # types, dense tensors, NumPy arrays, stand-ins for anything else).
 _KERNEL_SIDE = r"""
-def __attnbook_answer__(expr, path, payload, measure):
+def __attnbook_answer__(expr, path, payload, measure, limit):
     import base64, io, pickle
     import torch
     ns = globals()
@@ -567,6 +587,12 @@ def __attnbook_answer__(expr, path, payload, measure):
         reply = {"raised": type(err).__name__, "message": str(err)[:2000]}
     buffer = io.BytesIO()
     torch.save(reply, buffer)
+    if 4 * buffer.tell() // 3 > limit:
+        size = buffer.tell() / 2**20
+        buffer = io.BytesIO()
+        message = (f"your answer is {size:.0f} MB of data; the grader takes at most "
+                   f"{limit / 2**20:.0f} MB")
+        torch.save({"raised": "ValueError", "message": message}, buffer)
     return base64.b64encode(buffer.getvalue()).decode()
 """
 
@@ -578,7 +604,9 @@ def _decode(data: bytes):
 
     if len(data) > MAX_REPLY:
         raise Untrusted(f"the answer is larger than {MAX_REPLY // 2**20} MB")
-    reply = torch.load(io.BytesIO(data), weights_only=True)
+    with warnings.catch_warnings():  # the pickle protocol the kernel used
+        warnings.simplefilter("ignore", UserWarning)
+        reply = torch.load(io.BytesIO(data), weights_only=True)
     if not isinstance(reply, dict) or not ({"ok"} == set(reply) or "raised" in reply):
         raise Untrusted("the kernel's reply has the wrong form")
     return reply

@@ -1,0 +1,348 @@
+"""Attacks on the grader, each a real submission graded end to end (real kernels).
+
+A student who wants the points without the work tries every trick below on the book's first
+chapter. Each attack must score no more than a blank submission (0), say what happened where that
+can be known, and leave every other student's rows intact: an honest student graded in the same run
+keeps full marks. The chapter is cut down to its setup, answer and check cells so a kernel run takes
+seconds; the grader sees it as the book's ``attention.ipynb``.
+
+Writing into the grader's folders is possible here because these tests run the kernels without the
+sandbox: what is tested is that such writes cannot change this run's verdicts or files.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import nbformat
+import pytest
+
+from attnbook import course, grader, sandbox
+
+ROOT = Path(__file__).resolve().parent.parent
+LABELS = ["attention-masked-softmax", "attention-sqrt-dk", "attention-multi-head"]
+FULL = 4  # points: 1 + 1 + 2 (the chapter's metadata)
+
+FORGE = """
+import json, os
+for label in {labels!r}:
+    line = json.dumps({{"label": label, "passed": True, "message": "passed"}})
+    for path in [os.environ.get("ATTNBOOK_GRADE_LOG"), "checks.jsonl"]:
+        if path:
+            with open(path, "a") as f:
+                f.write(line + "\\n")
+    print(f"[PASSED] {{label}}: passed")
+""".format(labels=LABELS)
+
+ACCEPT_ALL = """
+import attnbook.exercises as ex
+for label in list(ex.CHECKS):
+    ex.CHECKS[label] = ex.CHECKS[label].__class__(lambda student: None, "")
+ex.check = lambda label, student: ex.CheckResult(label, True, "passed")
+ex.run_check = ex.check
+"""
+
+
+def mini_chapter():
+    """Chapter 1 with only its answer and check cells, after one light import cell (the real chapter's
+    setup is tested by the instructor's day-one test; here every second of kernel time is paid 30 times)."""
+    nb = nbformat.read(ROOT / "book" / "attention.ipynb", as_version=4)
+    setup = nbformat.v4.new_code_cell(
+        "import math\nimport torch\nimport attnbook\nimport attnbook.exercises\nfrom attnbook import core")
+    setup.id = "setup-cell"
+    nb.cells = [setup] + [c for c in nb.cells if c.cell_type == "code"
+                          and ("solution" in c.metadata.get("tags", []) or "check(" in c.source)]
+    return nb
+
+
+def blank_of(nb):
+    return course.strip_solutions(nb)
+
+
+def answers(nb):
+    """The answer cells of a notebook, in order."""
+    return [c for c in nb.cells if "solution" in c.metadata.get("tags", [])]
+
+
+def checks(nb):
+    return [c for c in nb.cells if "check(" in c.source]
+
+
+def new_cell(source):
+    return nbformat.v4.new_code_cell(textwrap.dedent(source))
+
+
+def stub_plus(code):
+    """The blank answer (still the stub) with ``code`` run before the function is defined."""
+    def change(nb):
+        first = answers(nb)[0]
+        first.source = textwrap.dedent(code) + "\n" + first.source
+    return change
+
+
+def first_answer(source):
+    def change(nb):
+        answers(nb)[0].source = textwrap.dedent(source)
+    return change
+
+
+# ---- the attacks: name -> a change to the blank submission -----------------------------
+def replace_checks(nb):
+    for cell in checks(nb):
+        cell.source = FORGE
+
+
+def append_forging_cell(nb):
+    nb.cells.append(new_cell(FORGE))
+
+
+def accept_all_in_an_extra_cell(nb):
+    nb.cells.insert(2, new_cell(ACCEPT_ALL))
+
+
+def shuffle_checks(nb):
+    cells = checks(nb)
+    nb.cells.remove(cells[0])  # deleted
+    nb.cells.remove(cells[1])
+    nb.cells.insert(1, cells[1])  # moved above its answer
+    nb.cells.append(nbformat.from_dict(json.loads(json.dumps(cells[2]))))  # duplicated
+    cells[2].source = 'attnbook.exercises.check("attention-multi-head", attnbook.core.MultiHeadAttention.forward)'
+
+
+PATCH_LIBRARY = """
+import torch
+import attnbook.core
+attnbook.core.masked_softmax = lambda scores, *a, **k: torch.zeros_like(scores)
+def my_masked_softmax(scores, mask=None, temperature=1.0):
+    return torch.zeros_like(scores)
+"""
+
+HIDDEN_PATCH = """
+import importlib
+grading = importlib.import_module("attnbook." + "exer" + "cises")
+setattr(grading, "run_" + "check", lambda label, student: True)
+for name in list(getattr(grading, "CHE" + "CKS")):
+    getattr(grading, "CHE" + "CKS")[name] = getattr(grading, "CHE" + "CKS")[name].__class__(lambda s: None, "")
+"""
+
+MEMORIZED = """
+import torch
+import attnbook.core
+def _book_cases():
+    gen = torch.Generator().manual_seed(101)  # the check's inputs in a reader's notebook
+    scores = torch.randn(2, 3, 5, 7, generator=gen) * 3
+    mask = torch.rand(2, 1, 5, 7, generator=gen) > 0.3
+    mask[0, 0, 2] = False
+    f = attnbook.core.masked_softmax
+    return iter([f(scores), f(scores, temperature=0.5), f(scores, mask, 2.0), f(scores + 1000.0, mask)])
+_replay = _book_cases()
+def my_masked_softmax(scores, mask=None, temperature=1.0):
+    return next(_replay)
+"""
+
+FORGED_REPLY = """
+import os, pickle, torch
+class _Payload:
+    def __reduce__(self):
+        return (os.system, ("touch {marker}",))
+def _save(obj, f, *args, **kwargs):
+    f.write(pickle.dumps(_Payload()))
+def my_masked_softmax(scores, mask=None, temperature=1.0):
+    torch.save = _save  # the reply the grader decodes is now a pickle that runs a command
+    return scores.softmax(-1)
+"""
+
+ATTACKS = {
+    "forge-the-log": stub_plus(FORGE),
+    "forged-check-cells": replace_checks,
+    "appended-forging-cell": append_forging_cell,
+    "accept-all-extra-cell": accept_all_in_an_extra_cell,
+    "accept-all-in-answer": stub_plus(ACCEPT_ALL),
+    "hidden-patch-in-answer": stub_plus(HIDDEN_PATCH),
+    "patch-the-library": first_answer(PATCH_LIBRARY),
+    "memorized-inputs": first_answer(MEMORIZED),
+    "forged-reply": None,  # filled in with the marker path below
+    "shuffled-check-cells": shuffle_checks,
+    "os-exit": stub_plus("import os\nos._exit(0)"),
+    "sys-exit": stub_plus("import sys\nsys.exit(0)"),
+    "kill-the-kernel": stub_plus("import os, signal\nos.kill(os.getpid(), signal.SIGKILL)"),
+    "exit-inside-the-check": first_answer("import os\ndef my_masked_softmax(*args, **kwargs):\n    os._exit(3)"),
+    "infinite-loop": stub_plus("while True:\n    pass"),
+    "loop-ignoring-interrupts": stub_plus(
+        "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"),
+    "loop-inside-the-check": first_answer("def my_masked_softmax(*args, **kwargs):\n    while True:\n        pass"),
+    "memory-bomb": stub_plus(
+        "hoard = []\ntry:\n    while True:\n        hoard.append(bytearray(10**8))\nexcept MemoryError:\n"
+        "    print('memory limit reached after', len(hoard) / 10, 'GB')\ndel hoard"),
+    "output-flood": stub_plus("for _ in range(40):\n    print('x' * 10**7)"),
+    "huge-answer": first_answer("import torch\ndef my_masked_softmax(*args, **kwargs):\n"
+                                "    return torch.zeros(2 * 10**7)"),
+}
+
+
+@pytest.fixture(scope="module")
+def attacked(tmp_path_factory):
+    """One grading run: an honest student, a blank one, and every attack; returns what it wrote."""
+    root = tmp_path_factory.mktemp("attacks")
+    book, subs, out = root / "book", root / "submissions", root / "out"
+    book.mkdir()
+    mini = mini_chapter()
+    nbformat.write(mini, book / "attention.ipynb")
+    marker = root / "pwned-by-the-reply"
+    attacks = dict(ATTACKS, **{"forged-reply": first_answer(FORGED_REPLY.format(marker=marker))})
+    attacks["write-into-the-graders-folders"] = stub_plus(f"""
+        from pathlib import Path
+        for target in [Path({str(out / "grades.csv")!r}), Path({str(out / "gradebook.csv")!r}),
+                       Path({str(out / "feedback" / "ada.md")!r})]:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text("student,notebook,label,passed\\nwriter,attention.ipynb,*,1\\n")
+        Path({str(book / "attention.ipynb")!r}).write_text("{{}}")
+        """)
+    students = {"ada": mini, "blank": blank_of(mini)}
+    for name, change in attacks.items():
+        nb = blank_of(mini)
+        change(nb)
+        students[name] = nb
+    for name, nb in students.items():
+        (subs / name).mkdir(parents=True)
+        nbformat.write(nb, subs / name / "attention.ipynb")
+    # names a shell or a spreadsheet would trip on, a file that is not a notebook, another chapter
+    for name in ["..hidden", "$(touch pwned)", "a;b|c&d", "=1+1"]:
+        (subs / name).mkdir()
+        nbformat.write(blank_of(mini), subs / name / "attention.ipynb")
+    (subs / "not-a-notebook").mkdir()
+    (subs / "not-a-notebook" / "attention.ipynb").write_bytes(bytes(range(256)) * 10)
+    (subs / "json-not-a-notebook").mkdir()
+    (subs / "json-not-a-notebook" / "attention.ipynb").write_text('{"cells": 5}')
+    vision = course.strip_solutions(nbformat.read(ROOT / "book" / "vision_attention.ipynb", as_version=4))
+    (subs / "other-chapter").mkdir()
+    nbformat.write(vision, subs / "other-chapter" / "attention.ipynb")
+    limits = sandbox.Limits(cell_timeout=6, notebook_timeout=120, memory=3 * sandbox.GIB)
+    rows = grader.grade([subs], out / "grades.csv", book_dir=book, limits=limits, jobs=2)
+    with (out / "gradebook.csv").open(newline="") as f:
+        gradebook = {line[0]: line for line in csv.reader(f)}
+    return {"rows": rows, "gradebook": gradebook, "out": out, "marker": marker, "root": root}
+
+
+def rows_of(attacked, student):
+    return {r["label"]: r for r in attacked["rows"] if r["student"] == student}
+
+
+def test_the_honest_student_keeps_full_marks_and_the_blank_one_has_none(attacked):
+    assert attacked["gradebook"]["Student"] == ["Student", f"attention ({FULL})", f"Total ({FULL})"]
+    assert attacked["gradebook"]["ada"][1:] == [str(FULL), str(FULL)]
+    assert all(rows_of(attacked, "ada")[label]["status"] == "passed" for label in LABELS)
+    assert attacked["gradebook"]["blank"][1:] == ["0", "0"]
+
+
+@pytest.mark.parametrize("attack", sorted([*ATTACKS, "write-into-the-graders-folders"]))
+def test_an_attack_scores_no_more_than_a_blank_submission(attacked, attack):
+    rows = rows_of(attacked, attack)
+    assert set(LABELS) <= set(rows), f"{attack}: a check has no row"
+    assert all(rows[label]["passed"] == 0 for label in LABELS), {k: r["message"] for k, r in rows.items()}
+    assert attacked["gradebook"][attack][1:] == ["0", "0"]
+
+
+def test_answer_cells_that_reach_for_the_grading_machinery_are_reported_as_tampering(attacked):
+    for attack in ["forge-the-log", "accept-all-in-answer"]:
+        for label in LABELS:
+            row = rows_of(attacked, attack)[label]
+            assert row["status"] == "untrusted", (attack, row)
+            assert "uses the grading machinery" in row["message"] and "review" in row["message"]
+
+
+def test_a_reply_that_is_not_plain_data_is_untrusted_and_never_unpickled(attacked):
+    row = rows_of(attacked, "forged-reply")["attention-masked-softmax"]
+    assert row["status"] == "untrusted" and row["message"].startswith("could not be trusted: ")
+    assert not attacked["marker"].exists(), "the grader ran a command the kernel sent"
+
+
+def test_replaying_the_notebooks_inputs_fails_on_the_graders_fresh_inputs(attacked):
+    row = rows_of(attacked, "memorized-inputs")["attention-masked-softmax"]
+    assert row["status"] == "failed" and "values differ" in row["message"]
+
+
+def test_changed_check_cells_are_replaced_by_the_books_and_reported(attacked):
+    for attack in ["forged-check-cells", "appended-forging-cell", "accept-all-extra-cell", "shuffled-check-cells"]:
+        rows = rows_of(attacked, attack)
+        assert all(rows[label]["status"] == "failed" for label in LABELS), attack
+        assert "not attempted" in rows["attention-masked-softmax"]["message"]
+        assert "the book's cells ran instead" in rows["*"]["message"], attack
+
+
+def test_a_dead_kernel_is_reported_and_stops_the_notebook(attacked):
+    for attack, code in [("os-exit", "exit code 0"), ("kill-the-kernel", "exit code -9")]:
+        row = rows_of(attacked, attack)["*"]
+        assert row["status"] == "error" and f"the kernel died, {code}" in row["message"], row
+    row = rows_of(attacked, "exit-inside-the-check")
+    assert "exit code 3" in row["*"]["message"]
+    assert row["attention-sqrt-dk"]["status"] == "not run"
+
+
+def test_loops_are_interrupted_or_killed_and_the_rest_still_runs(attacked):
+    row = rows_of(attacked, "infinite-loop")["attention-masked-softmax"]  # the answer never got defined
+    assert row["status"] == "not run" and "your answer cell raised the cell ran longer than 6 s" in row["message"]
+    assert rows_of(attacked, "infinite-loop")["attention-sqrt-dk"]["status"] == "failed"  # the kernel lived on
+    row = rows_of(attacked, "loop-inside-the-check")["attention-masked-softmax"]
+    assert row["status"] == "failed" and "ran longer than 6 s on the check's inputs" in row["message"]
+    assert rows_of(attacked, "loop-inside-the-check")["attention-sqrt-dk"]["status"] == "failed"  # kernel alive
+    row = rows_of(attacked, "loop-ignoring-interrupts")["*"]
+    assert row["status"] == "error" and "ignored the interrupt" in row["message"]
+
+
+def test_memory_and_output_are_capped(attacked):
+    rows = rows_of(attacked, "memory-bomb")
+    assert rows["attention-masked-softmax"]["status"] == "failed"  # the kernel survived its MemoryError
+    assert "*" not in rows or rows["*"]["status"] == "note"
+    row = rows_of(attacked, "output-flood")["*"]
+    assert row["status"] == "error" and "more than 20 MB of output" in row["message"]
+    row = rows_of(attacked, "huge-answer")["attention-masked-softmax"]
+    assert row["status"] == "failed" and "the grader takes at most 10 MB" in row["message"]
+
+
+def test_writes_into_the_graders_folders_do_not_change_this_runs_files(attacked):
+    out = attacked["out"]
+    with (out / "grades.csv").open(newline="") as f:
+        written = list(csv.DictReader(f))
+    assert len(written) == len(attacked["rows"]) and not any(r["student"] == "writer" for r in written)
+    assert (out / "feedback" / "ada.md").read_text().startswith("# Feedback for ada\n")
+    assert f"{len(LABELS)} of {len(LABELS)} checks passed" in (out / "feedback" / "ada.md").read_text()
+
+
+def test_odd_names_bad_files_and_other_chapters_are_rows_not_crashes(attacked):
+    out = attacked["out"]
+    feedback = sorted(p.name for p in (out / "feedback").iterdir())
+    assert {"hidden.md", "touch_pwned.md", "a_b_c_d.md", "1_1.md"} <= set(feedback)
+    assert not (attacked["root"] / "pwned").exists() and not Path("pwned").exists()
+    assert attacked["gradebook"]["'=1+1"][1:] == ["0", "0"]  # a spreadsheet shows it, never runs it
+    for student in ["not-a-notebook", "json-not-a-notebook"]:
+        row = rows_of(attacked, student)["*"]
+        assert row["status"] == "error" and row["message"].startswith("not a notebook that can be read")
+    rows = rows_of(attacked, "other-chapter")
+    notes = [r["message"] for r in attacked["rows"] if r["student"] == "other-chapter" and r["label"] == "*"]
+    assert any(n.startswith("this notebook does not look like attention.ipynb: only 0 of its") for n in notes)
+    assert all(rows[label]["passed"] == 0 for label in LABELS)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="process limits are Linux's (cgroups, rlimits)")
+def test_a_fork_bomb_is_contained_and_the_next_student_is_graded(tmp_path):
+    with sandbox.process_guard(8) as guard:
+        assert guard.kind in ("cgroup", "rlimit"), "no fork limit on this Linux machine"
+    book, subs = tmp_path / "book", tmp_path / "subs"
+    book.mkdir()
+    mini = mini_chapter()
+    nbformat.write(mini, book / "attention.ipynb")
+    bomb = blank_of(mini)
+    stub_plus("import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass")(bomb)
+    for name, nb in [("bomber", bomb), ("ada", mini)]:
+        (subs / name).mkdir(parents=True)
+        nbformat.write(nb, subs / name / "attention.ipynb")
+    limits = sandbox.Limits(cell_timeout=5, notebook_timeout=60, processes=64)
+    rows = grader.grade([subs], tmp_path / "g.csv", book_dir=book, limits=limits, jobs=1)
+    got = {(r["student"], r["label"]): r for r in rows}
+    assert all(got["bomber", label]["passed"] == 0 for label in LABELS)
+    assert all(got["ada", label]["status"] == "passed" for label in LABELS)
