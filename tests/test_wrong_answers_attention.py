@@ -64,11 +64,13 @@ def _multi_head(mha, x, context=None, *, kv_from_x=False, strided=False, out_pro
     q, k, v = mha.q_proj(x), mha.k_proj(context), mha.v_proj(context)
     if no_transpose:  # (B, T, d_model) viewed as (B, h, T, head_dim): mixes tokens and heads
         B, L, S = x.shape[0], x.shape[1], context.shape[1]
-        out = core.scaled_dot_product_attention(q.reshape(B, h, L, d), k.reshape(B, h, S, d), v.reshape(B, h, S, d))
+        q, k, v = q.reshape(B, h, L, d), k.reshape(B, h, S, d), v.reshape(B, h, S, d)
+        out = core.scaled_dot_product_attention(q, k, v)
         heads = out.reshape(B, L, h * d)
     else:
         parts = [slice(i, None, h) if strided else slice(i * d, (i + 1) * d) for i in range(h)]
-        heads = torch.cat([core.scaled_dot_product_attention(q[..., p], k[..., p], v[..., p]) for p in parts], -1)
+        heads = [core.scaled_dot_product_attention(q[..., p], k[..., p], v[..., p]) for p in parts]
+        heads = torch.cat(heads, dim=-1)
     return mha.out_proj(heads) if out_proj else heads
 
 
@@ -139,7 +141,8 @@ MISTAKES = [
             ("for d_k=2, sigma_q=2.0, sigma_k=1.0", "needs s = 0.353553", "sigma_q^2 sigma_k^2",
              "standard deviations")),
     Mistake("attention-sqrt-dk", "sigmas not squared in Var[q.k]", _scale_sigmas_not_squared,
-            ("for d_k=2, sigma_q=2.0, sigma_k=1.0", "needs s = 0.353553", "Var[q_i k_i] = sigma_q^2 sigma_k^2")),
+            ("for d_k=2, sigma_q=2.0, sigma_k=1.0", "needs s = 0.353553",
+             "Var[q_i k_i] = sigma_q^2 sigma_k^2")),
     Mistake("attention-sqrt-dk", "no square root: returns 1 / Var[q.k]", _scale_without_the_square_root,
             ("for d_k=2, sigma_q=2.0, sigma_k=1.0", "needs s = 0.353553", "1 / Var[q.k]", "square root")),
 ]

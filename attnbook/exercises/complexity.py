@@ -21,8 +21,8 @@ def _check_attention_matmul_flops(student) -> None:
     FLOPs of :func:`attnbook.complexity.attention_flops`, exactly, on six sizes."""
 
     cases = [
+        (4, 8, 2, 1),  # first: n != d and h > 1 tell every term apart
         (1, 1, 1, 1),
-        (4, 8, 2, 1),
         (7, 12, 3, 5),
         (128, 64, 1, 2),
         (1000, 512, 8, 1),
@@ -30,11 +30,42 @@ def _check_attention_matmul_flops(student) -> None:
     ]
     for n, d, h, batch in cases:
         got = student(n, d, n_heads=h, batch=batch)
-        expected = attention_flops(n, d, n_heads=h, batch=batch)["matmul"]
+        flops = attention_flops(n, d, n_heads=h, batch=batch)
+        expected = flops["matmul"]
         assert got == expected, (
             f"for n={n}, d_model={d}, n_heads={h}, batch={batch} you return {got!r}; "
-            f"the matrix products cost {expected} FLOPs."
+            f"the matrix products cost {expected} FLOPs: Q, K, V projections "
+            f"{flops['qkv_projections']}, scores {flops['scores']}, weighted sum "
+            f"{flops['weighted_sum']}, output projection "
+            f"{flops['output_projection']}.{_flops_slip(got, n, d, h, batch)}"
         )
+
+
+def _flops_slip(got, n: int, d: int, h: int, batch: int) -> str:
+    """What a wrong FLOP count most likely left out or added, if it is a known slip."""
+    flops = attention_flops(n, d, n_heads=h, batch=batch)
+    expected = flops["matmul"]
+    if got == expected // 2:
+        return " That is exactly half: count 2 FLOPs per multiply-add, not 1."
+    if batch > 1 and got == attention_flops(n, d, n_heads=h)["matmul"]:
+        return " That is the count for batch=1: every product runs batch times."
+    if h > 1 and got == expected + (h - 1) * (flops["scores"] + flops["weighted_sum"]):
+        return (
+            f" That is {h} heads of d_model-wide scores and weighted sums: each head "
+            "is d_model / n_heads wide."
+        )
+    projection = flops["output_projection"]  # each of the four: 2 B n d^2
+    if got == expected - projection:
+        return (
+            f" That is {projection} short, one projection (2 B n d^2): count four, "
+            "Q, K, V and the output projection."
+        )
+    if got == expected - flops["scores"]:
+        return (
+            f" That is {flops['scores']} short, what the scores or the weighted sum "
+            "cost (2 B n^2 d each): count both."
+        )
+    return ""
 
 
 @register(
@@ -58,6 +89,8 @@ def _check_max_seq_len(student) -> None:
         ),
         dict(budget_bytes=3),  # less than one fp32 element: nothing fits
         dict(budget_bytes=4),  # exactly one element
+        # (2^27 + 1)^2 - 1 elements: a float square root rounds up to 2^27 + 1
+        dict(budget_bytes=4 * (2**54 + 2**28)),
     ]
     for case in cases:
         kwargs = {k: v for k, v in case.items() if k != "budget_bytes"}
@@ -71,13 +104,40 @@ def _check_max_seq_len(student) -> None:
             need = attention_memory_bytes(n, **kwargs)
             assert need <= budget, (
                 f"for {case} you return n={n}, but its weights need {need} bytes > "
-                "the budget."
+                f"the budget.{_length_slip(n, **case)}"
             )
         longer = attention_memory_bytes(n + 1, **kwargs)
         assert longer > budget, (
             f"for {case} you return n={n}, but n={n + 1} still fits ({longer} bytes "
-            f"<= {budget}): return the largest n."
+            f"<= {budget}): return the largest n.{_length_slip(n, **case)}"
         )
+
+
+def _length_slip(n: int, budget_bytes: int, **kwargs) -> str:
+    """What a wrong longest length ``n`` most likely did, if it is a known slip."""
+    import math
+
+    defaults = dict(n_heads=1, batch=1, bytes_per_elem=4, n_layers=1)
+    per_element = math.prod({**defaults, **kwargs}.values())  # bytes per n^2
+    if n == int(math.sqrt(budget_bytes / per_element)):
+        return (
+            " A square root in floating point rounds up here: use math.isqrt on "
+            "integers."
+        )
+    if n == round(math.sqrt(budget_bytes / per_element)):
+        return " You rounded to the nearest length: round down."
+    if n == math.isqrt(budget_bytes) // per_element:
+        return (
+            " You took the square root before dividing: n^2 <= budget / (batch * "
+            "n_heads * bytes_per_elem * n_layers), so divide first, then take the root."
+        )
+    ignored = [
+        f"{name}={value}"
+        for name, value in kwargs.items()
+        if value != defaults[name]
+        and n == math.isqrt(budget_bytes // (per_element // value * defaults[name]))
+    ]
+    return f" Your n ignores {' or '.join(ignored)}." if ignored else ""
 
 
 @register(
@@ -107,7 +167,50 @@ def _check_projection_crossover(student) -> None:
             f"for d_model={d} you return n={got}; the n^2 terms (scores + weighted "
             "sum) first cost as much as the "
             f"four projections at n = {n}, {quadratic} FLOPs against {projections}."
+            + _crossover_slip(student)
         )
+
+
+def _crossover_slip(student) -> str:
+    """The known wrong formula ``student`` follows for every ``d_model``, if any."""
+    slips = [
+        (
+            lambda d: d,
+            "n = d_model",
+            "there the n^2 terms, 4 n^2 d, match a recurrent layer's 4 n d^2 "
+            "(crossover_length), not the four projections' 8 n d^2",
+        ),
+        (
+            lambda d: 3 * d // 2,
+            "n = 3 d / 2",
+            "that balances the n^2 terms against three projections, 6 n d^2; the "
+            "output projection is the fourth",
+        ),
+        (
+            lambda d: 4 * d,
+            "n = 4 d",
+            "that balances the scores alone, 2 n^2 d; the weighted sum costs "
+            "2 n^2 d too",
+        ),
+        (
+            lambda d: d // 2,
+            "n = d / 2",
+            "that solves 8 n^2 d = 4 n d^2, the two sides swapped",
+        ),
+        (
+            lambda d: 2 * d + 1,
+            "n = 2 d + 1",
+            "at n = 2 d the two costs are already equal",
+        ),
+    ]
+    try:
+        answers = {d: student(d) for d in (2, 3, 64, 512, 768, 4096)}
+    except Exception:
+        return ""
+    for formula, name, why in slips:
+        if all(got == formula(d) for d, got in answers.items()):
+            return f" Your answers are {name} for every d_model: {why}."
+    return ""
 
 
 @register(
@@ -133,26 +236,36 @@ def _check_kv_decoding_cost(student) -> None:
     decoding_flops, kv_cache_size = student
     for T, d in [(1, 1), (1, 8), (2, 4), (5, 3), (100, 64), (1000, 768)]:
         for kv_cache in (False, True):
-            expected = 0
+            expected = projected = 0
             for t in range(1, T + 1):  # step t: the t-th token is new, t tokens in all
                 # project the new token only, attend to t cached keys and values
                 if kv_cache:
                     new_token = attention_flops(1, d)
                     attend = attention_flops(1, d, kv_len=t)
-                    expected += (
+                    step = (
                         new_token["qkv_projections"]
                         + new_token["output_projection"]
                         + attend["scores"]
                         + attend["weighted_sum"]
                     )
+                    projected += (
+                        new_token["qkv_projections"] + new_token["output_projection"]
+                    )
                 else:  # the whole layer again on the t tokens so far
-                    expected += attention_flops(t, d)["matmul"]
+                    flops = attention_flops(t, d)
+                    step = flops["matmul"]
+                    projected += flops["qkv_projections"] + flops["output_projection"]
+                expected += step
             got = decoding_flops(T, d, kv_cache=kv_cache)
             what = f"decoding_flops({T}, {d}, kv_cache={kv_cache})"
             assert_int(got, what, "an exact int")
             assert got == expected, (
                 f"{what} should be {expected} (the layer's matmul FLOPs summed over "
-                f"steps t = 1..{T}), got {got}."
+                f"steps t = 1..{T}), got {got}. Of the {expected}, {projected} are "
+                f"the four projections of {'the new token' if kv_cache else 't tokens'}"
+                f" at each step and {expected - projected} the scores and weighted "
+                f"sums{' against t cached keys and values' if kv_cache else ''}."
+                + _decoding_slip(decoding_flops, kv_cache)
             )
     dtypes = {1: torch.uint8, 2: torch.float16, 4: torch.float32, 8: torch.float64}
     for n_layers, d, h, h_kv, seq_len, nbytes, batch in [
@@ -179,4 +292,105 @@ def _check_kv_decoding_cost(student) -> None:
         assert got == expected, (
             f"{what} should be {expected} bytes (the K and V buffers of a KVCache), "
             f"got {got}."
+            + _cache_slip(got, n_layers, d, h, h_kv, seq_len, nbytes, batch)
         )
+
+
+def _decoding_slip(decoding_flops, kv_cache: bool) -> str:
+    """The known wrong total ``decoding_flops`` gives for every size, if any."""
+    if kv_cache:
+        slips = [
+            (
+                lambda T, d: 6 * T * d * d + 2 * T * (T + 1) * d,
+                "three projections per new token, 6 d^2: the output projection is the "
+                "fourth",
+            ),
+            (
+                lambda T, d: 8 * T * d * d + T * (T + 1) * d,
+                "only the scores, 2 t d per step: the weighted sum of t values costs "
+                "2 t d too",
+            ),
+            (
+                lambda T, d: 8 * T * d * d + 2 * T * T * d,
+                "the leading order: sum the steps exactly, sum t = T(T+1)/2",
+            ),
+            (
+                lambda T, d: 8 * T * d * d + 2 * T * (T - 1) * d,
+                "attention to t - 1 keys at step t: the new token's key and value are "
+                "cached too, t in all",
+            ),
+            (
+                lambda T, d: (
+                    4 * T * (T + 1) * d * d + 2 * T * (T + 1) * (2 * T + 1) * d // 3
+                ),
+                "the total without a cache: with one, each step projects only the new "
+                "token",
+            ),
+        ]
+    else:
+        slips = [
+            (
+                lambda T, d: (
+                    4 * (T - 1) * T * d * d + 2 * (T - 1) * T * (2 * T - 1) * d // 3
+                ),
+                "a sum over t = 0..T-1: step t = 1..T runs the layer on t tokens",
+            ),
+            (
+                lambda T, d: 4 * T * T * d * d + 4 * T**3 * d / 3,
+                "the leading order: sum the steps exactly, sum t = T(T+1)/2 and sum "
+                "t^2 = T(T+1)(2T+1)/6",
+            ),
+            (
+                lambda T, d: (
+                    4 * T * (T + 1) * d * d + T * (T + 1) * (2 * T + 1) * d // 3
+                ),
+                "half the n^2 terms: the causal mask saves no FLOPs in a dense layer, "
+                "all t^2 scores are computed",
+            ),
+            (
+                lambda T, d: 8 * T * d * d + 2 * T * (T + 1) * d,
+                "the total with a cache: without one, each step runs the layer on "
+                "all t tokens",
+            ),
+        ]
+    sizes = [(2, 4), (5, 3), (100, 64), (1000, 768)]
+    try:
+        totals = [decoding_flops(T, d, kv_cache=kv_cache) for T, d in sizes]
+        for formula, what in slips:
+            if all(abs(got - formula(*size)) <= 1 for got, size in zip(totals, sizes)):
+                return f" Your totals are {what}."
+    except Exception:
+        pass
+    return ""
+
+
+def _cache_slip(got, n_layers, d, h, h_kv, seq_len, nbytes, batch) -> str:
+    """What a wrong KV-cache size most likely left out, if it is a known slip."""
+    size = dict(
+        buffers=2,
+        n_layers=n_layers,
+        heads=h_kv,
+        head_dim=d // h,
+        seq_len=seq_len,
+        batch=batch,
+        nbytes=nbytes,
+    )
+    slips = [
+        ("buffers", 1, "counts the keys only: the cache holds K and V"),
+        ("heads", h, f"keeps all {h} heads: only n_kv_heads={h_kv} are cached"),
+        (
+            "head_dim",
+            d,
+            f"makes every head d_model={d} wide, not d_model // n_heads wide",
+        ),
+        ("n_layers", 1, "is one layer's: every layer has its own cache"),
+        ("batch", 1, "is one sequence's: multiply by batch"),
+        ("nbytes", 1, "counts elements, not bytes: multiply by bytes_per_elem"),
+    ]
+    for factor, value, what in slips:
+        wrong = 1
+        for k, v in {**size, factor: value}.items():
+            wrong *= v
+        if got == wrong and value != size[factor]:
+            return f" Your size {what}."
+    return ""

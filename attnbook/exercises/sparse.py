@@ -38,10 +38,30 @@ def _check_dilated_window(student) -> None:
             f"{what}: expected shape {tuple(expected.shape)}, got {tuple(got.shape)}."
         )
         wrong = (got != expected).nonzero()
-        assert not len(wrong), (
-            f"{what}: entry (i, j) = {tuple(wrong[0].tolist())} should be "
-            f"{bool(expected[tuple(wrong[0])])}."
+        if len(wrong):
+            i, j = wrong[0].tolist()
+            raise AssertionError(
+                f"{what}: entry (i, j) = {(i, j)} should be {bool(expected[i, j])}"
+                f"{_window_reason(i, j, window, causal, dilation)}."
+            )
+
+
+def _window_reason(i: int, j: int, window: int, causal: bool, dilation: int) -> str:
+    """Why ``mask[i, j]`` of a dilated, maybe causal, window is what it is."""
+    offset, reach = i - j, window * dilation
+    if abs(offset) > reach:
+        return f": |i - j| = {abs(offset)} > window * dilation = {reach}"
+    if offset % dilation:
+        return (
+            f": i - j = {offset} is not a multiple of the dilation, {offset} % "
+            f"dilation = {offset % dilation}"
         )
+    if causal and offset < 0:
+        return f": with is_causal a query sees keys j <= i only, and j = {j} > i = {i}"
+    return (
+        f": |i - j| = {abs(offset)} <= window * dilation = {reach}, (i - j) % "
+        f"dilation = 0{' and j <= i' if causal else ''}"
+    )
 
 
 @register(
@@ -68,11 +88,32 @@ def _check_local_attention(student) -> None:
             torch.randn(*shape, generator=gen, dtype=torch.float64) for _ in range(3)
         )
         mask = expand_block_mask(torch.eye(shape[-2] // block, dtype=torch.bool), block)
-        assert_close(
-            student(q, k, v, block),
-            scaled_dot_product_attention(q, k, v, mask),
-            f"q of shape {shape}, block_size={block}",
-        )
+        what = f"q of shape {shape}, block_size={block}"
+        got = _run(what, student, q, k, v, block)
+        expected = scaled_dot_product_attention(q, k, v, mask)
+        if not _same(got, expected):
+            n = shape[-2]
+            swapped = expand_block_mask(torch.eye(block, dtype=torch.bool), n // block)
+            slips = [
+                (
+                    scaled_dot_product_attention(q, k, v),
+                    "your output is dense attention over all keys: each query attends "
+                    f"to its own block of block_size = {block} positions only, "
+                    "(..., n // block_size, block_size, d)",
+                ),
+                (
+                    scaled_dot_product_attention(q, k, v, swapped),
+                    f"your blocks are blocks of {n // block} positions, not block_size "
+                    f"= {block}: reshape to (..., n // block_size, block_size, d)",
+                ),
+                (
+                    scaled_dot_product_attention(q, k, v, mask, scale=1.0),
+                    "your scores are not scaled by 1/sqrt(d)",
+                ),
+            ]
+            for wrong, slip in slips:
+                assert not _same(got, wrong), f"{what}: {slip}."
+        assert_close(got, expected, what)
     n, block, dim = 2048, 16, 8
     q, k, v = (torch.randn(n, dim, generator=gen) for _ in range(3))
     largest = largest_new_tensor(student, q, k, v, block)
@@ -105,12 +146,46 @@ def _check_sliding_window_attention(student) -> None:
         q, k, v = (
             torch.randn(*shape, generator=gen, dtype=torch.float64) for _ in range(3)
         )
-        expected = scaled_dot_product_attention(
-            q, k, v, sliding_window_mask(shape[-2], window)
-        )
-        assert_close(
-            student(q, k, v, window), expected, f"q of shape {shape}, window={window}"
-        )
+        n = shape[-2]
+        expected = scaled_dot_product_attention(q, k, v, sliding_window_mask(n, window))
+        what = f"q of shape {shape}, window={window}"
+        got = _run(what, student, q, k, v, window)
+        if not _same(got, expected):
+            slips = [
+                (
+                    scaled_dot_product_attention(
+                        q, k, v, sliding_window_mask(n, window), scale=1.0
+                    ),
+                    "your scores are not scaled by 1/sqrt(d)",
+                ),
+                (
+                    scaled_dot_product_attention(
+                        q, k, v, sliding_window_mask(n, window, is_causal=True)
+                    ),
+                    "you attend to keys j <= i only: the window has `window` keys on "
+                    "both sides of the query",
+                ),
+                (
+                    scaled_dot_product_attention(q, k, v),
+                    "your output is dense attention over all keys: each query sees "
+                    "only |i - j| <= window",
+                ),
+            ]
+            for wrong, slip in slips:
+                assert not _same(got, wrong), f"{what}: {slip}."
+            if isinstance(got, torch.Tensor) and got.shape == expected.shape:
+                close = torch.isclose(got.double(), expected.double(), 1e-4, 1e-5)
+                rows = (~close).flatten(0, -3)
+                queries = rows.any(0).any(-1).nonzero().flatten().tolist()
+                near_ends = all(i < window or i >= n - window for i in queries)
+                assert not (queries and near_ends), (
+                    f"{what}: only {_queries(queries)} near the ends differ"
+                    f"{'s' if len(queries) == 1 else ''}, where "
+                    "the window reaches past the sequence: mask the padded positions "
+                    "(positions < 0 or positions >= n) with -inf before the softmax, "
+                    "so that they get no weight."
+                )
+        assert_close(got, expected, what)
     n, window, dim = 2048, 4, 8
     q, k, v = (torch.randn(n, dim, generator=gen) for _ in range(3))
     largest = largest_new_tensor(student, q, k, v, window)
@@ -118,6 +193,34 @@ def _check_sliding_window_attention(student) -> None:
         f"for n={n}, window={window} your code made a tensor of {largest} elements: "
         f"memory must be O(n * window), not O(n^2) = {n * n}."
     )
+
+
+def _run(what: str, student, *args):
+    """``student(*args)``, with ``what`` named if it raises."""
+    try:
+        return student(*args)
+    except NotImplementedError:
+        raise
+    except Exception as err:
+        raise AssertionError(
+            f"{what}: your code raised {type(err).__name__}: {err}"
+        ) from None
+
+
+def _same(actual, expected) -> bool:
+    """``actual`` is a tensor of ``expected``'s shape and values."""
+    return (
+        isinstance(actual, torch.Tensor)
+        and actual.shape == expected.shape
+        and torch.allclose(actual.double(), expected.double(), atol=1e-5, rtol=1e-4)
+    )
+
+
+def _queries(indices: list[int]) -> str:
+    """``query 4`` or ``queries 0 and 4`` or ``queries 0, 1 and 4``."""
+    if len(indices) == 1:
+        return f"query {indices[0]}"
+    return f"queries {', '.join(map(str, indices[:-1]))} and {indices[-1]}"
 
 
 def _layers_until_connected(n: int, w: int, dilated: bool) -> int:
@@ -187,5 +290,37 @@ def _check_graph_depth(student) -> None:
         expected = _layers_until_connected(n, w, dilated)
         assert got == expected, (
             f"{what} should be {expected} (a breadth-first search over the stacked "
-            f"window masks), got {got}."
+            f"window masks), got {got}.{_depth_reason(got, expected, n, w, dilated)}"
         )
+
+
+def _depth_reason(got: int, expected: int, n: int, w: int, dilated: bool) -> str:
+    """How far ``got`` layers move information, against the farthest pair."""
+
+    def layers(k: int) -> str:
+        dilations = ", ".join(str((w + 1) ** i) for i in range(k))
+        return f"{k} layer{'' if k == 1 else 's'}" + (
+            f" of dilation{'' if k == 1 else 's'} {dilations}" if dilated and k else ""
+        )
+
+    if not 0 <= got <= 64:
+        return ""
+    if got > expected:
+        if expected == 0:
+            return " A single token needs no layer at all."
+        return f" {layers(expected)} already connect{'s' if expected == 1 else ''} " + (
+            f"all {n} tokens: they reach offsets up to {(w + 1) ** expected - 1} >= "
+            f"n - 1 = {n - 1}."
+            if dilated
+            else f"all {n} tokens: each layer moves information up to w = {w} "
+            "positions."
+        )
+    if dilated:
+        return (
+            f" With {layers(got)}, tokens reach offsets up to {(w + 1) ** got - 1} < "
+            f"n - 1 = {n - 1}."
+        )
+    return (
+        f" With {layers(got)}, information moves at most {got} * {w} = {got * w} "
+        f"positions, and the first and the last token are {n - 1} apart."
+    )
