@@ -8,6 +8,38 @@ from . import register
 from .common import assert_close, generator, real_number
 
 
+def _merge_note(l, m_a, l_a, m_b, l_b) -> str:
+    """What a wrong merged normalizer did, or ''."""
+    try:
+        l = torch.as_tensor(l).double()
+    except Exception:
+        return ""
+    m = torch.maximum(m_a, m_b)
+    slips = [
+        (
+            l_a + l_b,
+            "You added l_a + l_b: each l is relative to its own block's maximum; "
+            "rescale it to the new maximum m first, l_x * exp(m_x - m).",
+        ),
+        (
+            l_a * torch.exp(m - m_a) + l_b * torch.exp(m - m_b),
+            "Your rescaling factor is exp(m - m_x): it is exp(m_x - m), at most 1.",
+        ),
+        (
+            l_a * torch.exp(m_a - m) + l_b,
+            "You rescaled only l_a: l_b is relative to m_b and needs exp(m_b - m) too.",
+        ),
+        (
+            l_a + l_b * torch.exp(m_b - m),
+            "You rescaled only l_b: l_a is relative to m_a and needs exp(m_a - m) too.",
+        ),
+    ]
+    for wrong, note in slips:
+        if wrong.shape == l.shape and torch.allclose(l, wrong, atol=1e-6, rtol=1e-5):
+            return " " + note
+    return ""
+
+
 @register(
     "flash-merge-states",
     hint="m = max(m_a, m_b), l = l_a * exp(m_a - m) + l_b * exp(m_b - m); when both "
@@ -28,15 +60,18 @@ def _check_merge_states(student) -> None:
 
         m, l = student(*state(a), *state(b))
         both = torch.cat([a, b], dim=-1)
-        assert_close(
-            m, both.amax(-1), f"merged maximum for blocks of {n_a} and {n_b} scores"
-        )
-        assert_close(
-            m + torch.log(torch.as_tensor(l)),
-            torch.logsumexp(both, -1),
-            "merged normalizer (m + log l must be the log-sum-exp) for blocks of "
-            f"{n_a} and {n_b}",
-        )
+        what = f"blocks of {n_a} and {n_b} scores"
+        assert_close(m, both.amax(-1), f"merged maximum for {what}")
+        try:
+            assert_close(
+                m + torch.log(torch.as_tensor(l)),
+                torch.logsumexp(both, -1),
+                f"merged normalizer (m + log l must be the log-sum-exp) for {what}",
+            )
+        except AssertionError as err:
+            raise AssertionError(
+                f"{err}{_merge_note(l, *state(a), *state(b))}"
+            ) from None
     inf = torch.tensor([-float("inf")], dtype=torch.float64)
     m, l = student(
         inf,
@@ -58,7 +93,74 @@ def _check_merge_states(student) -> None:
     )
     assert (
         torch.as_tensor(l).item() == 0 and not torch.isnan(torch.as_tensor(l)).any()
-    ), "merging two empty blocks must give l = 0, not NaN."
+    ), (
+        "merging two empty blocks must give l = 0, not NaN: with m = -inf, exp(m_a - "
+        "m) is exp(-inf - (-inf)) = exp(NaN); shift by a finite number (0) instead of "
+        "an infinite m."
+    )
+    assert torch.as_tensor(m).item() == -float("inf"), (
+        "merging two empty blocks must give m = -inf (the merged block is still "
+        f"empty), got m = {torch.as_tensor(m).item()!r}: keep m = max(m_a, m_b) and "
+        "use a finite shift only inside the exp (merged with m = 0, a later block "
+        "whose scores are all far below 0 would underflow to l = 0)."
+    )
+
+
+def _last_key(q_block, block_q, L, S, offset=None, first_row=False) -> int:
+    """The last key that query block ``q_block`` sees (negative: none); ``offset``
+    ``S - L`` by default (bottom-right), 0 for top-left alignment."""
+    row = q_block * block_q if first_row else min((q_block + 1) * block_q, L) - 1
+    return min(row + (S - L if offset is None else offset), S - 1)
+
+
+def _count(last_key, block_k) -> int:
+    return 0 if last_key < 0 else last_key // block_k + 1
+
+
+# causal_key_blocks's slips: (q_block, block_q, block_k, L, S) -> the answer, and a note
+_KEY_BLOCK_SLIPS = [
+    (
+        lambda qb, bq, bk, L, S: _count(_last_key(qb, bq, L, S, offset=0), bk),
+        "That is the count for top-left alignment (query i sees keys j <= i); with "
+        "bottom-right alignment query i sees keys j <= i + S - L.",
+    ),
+    (
+        lambda qb, bq, bk, L, S: _count(_last_key(qb, bq, L, S, first_row=True), bk),
+        "You count the keys of the block's first query: its last query, row "
+        "min((q_block + 1) * block_q, L) - 1, sees the most keys.",
+    ),
+    (
+        lambda qb, bq, bk, L, S: _last_key(qb, bq, L, S) // bk + 1,
+        "A query block whose queries see no key (L > S) needs 0 key blocks: "
+        "last_key // block_k + 1 is negative or wrong when last_key < 0.",
+    ),
+    (
+        lambda qb, bq, bk, L, S: max(0, _last_key(qb, bq, L, S) // bk),
+        "Off by one: key block j holds keys j * block_k .. (j + 1) * block_k - 1, so "
+        "reaching key k takes k // block_k + 1 blocks.",
+    ),
+    (
+        lambda qb, bq, bk, L, S: max(0, (_last_key(qb, bq, L, S) + 1) // bk),
+        "You round down: keys 0..k fill ceil((k + 1) / block_k) blocks, the last one "
+        "possibly partly.",
+    ),
+    (
+        lambda qb, bq, bk, L, S: qb + 1,
+        "q_block + 1 is the count only when L == S and block_q == block_k.",
+    ),
+]
+
+
+def _key_block_slip(student, calls) -> str:
+    """The note of the slip the answer makes on every call, or ''."""
+    try:
+        got = [student(*args) for args in calls]
+    except Exception:
+        return ""
+    for slip, note in _KEY_BLOCK_SLIPS:
+        if all(g == slip(*args) for g, args in zip(got, calls)):
+            return " " + note
+    return ""
 
 
 @register(
@@ -75,24 +177,80 @@ def _check_causal_key_blocks(student) -> None:
 
     from ..core import causal_mask
 
-    for L, S, bq, bk in [
+    configs = [
         (8, 8, 2, 2),
         (7, 13, 3, 4),
         (13, 5, 4, 2),
         (1, 9, 16, 4),
         (5, 5, 8, 8),
         (40, 10, 16, 16),
-    ]:
+    ]
+    calls = [
+        (qb, bq, bk, L, S) for L, S, bq, bk in configs for qb in range(-(-L // bq))
+    ]
+    for L, S, bq, bk in configs:
         mask = causal_mask(L, S)
         for qb in range(-(-L // bq)):
             rows = mask[qb * bq : (qb + 1) * bq]
             visible = rows.any(dim=0).nonzero()
             expected = 0 if len(visible) == 0 else int(visible.max()) // bk + 1
             got = student(qb, bq, bk, L, S)
-            assert got == expected, (
-                f"L={L}, S={S}, block_q={bq}, block_k={bk}: query block {qb} needs "
-                f"{expected} key blocks, you said {got}."
-            )
+            if got != expected:
+                last = min((qb + 1) * bq, L) - 1
+                sees = (
+                    f"sees keys 0..{int(visible.max())}"
+                    if len(visible)
+                    else "sees no key"
+                )
+                raise AssertionError(
+                    f"L={L}, S={S}, block_q={bq}, block_k={bk}: query block {qb} "
+                    f"needs {expected} key block{'' if expected == 1 else 's'}, you "
+                    f"said {got} (its last query, "
+                    f"row {last}, {sees})." + _key_block_slip(student, calls)
+                )
+
+
+def _backward_slips(q, k, v, out, lse, dout, scale) -> dict:
+    """For dq, dk and dv: what plausible wrong backward passes return, and notes."""
+    kt = k.transpose(-1, -2)
+    dp = dout @ v.transpose(-1, -2)
+    delta = (dout * out).sum(-1, keepdim=True)
+    jacobian = (
+        "Your dS is P * dP: subtract delta_i = rowsum(dout * out) from dP before "
+        "multiplying by P (the softmax's Jacobian)."
+    )
+    wrong_delta = (
+        "Your delta_i is the plain rowsum of dP: it is sum_j P_ij dP_ij = "
+        "rowsum(dout * out)."
+    )
+    p_notes = [
+        (
+            torch.exp(q @ kt - lse[..., None]),
+            "Your P is exp(q k^T - lse), without the scale: rebuild it as exp(scale * "
+            "q k^T - lse), the scores the forward pass used.",
+        ),
+        (
+            torch.exp(q @ kt * scale),
+            "Your P is exp(scale * q k^T) without subtracting lse: the saved "
+            "log-sum-exp normalizes it.",
+        ),
+    ]
+    p = torch.exp(q @ kt * scale - lse[..., None])
+    slips = {"dq": [], "dk": [], "dv": []}
+    for ds, s, note in [
+        (
+            p * (dp - delta),
+            1.0,
+            "Your {} lacks the scale: the scores are scale * q "
+            "k^T, so dq = dS k * scale and dk = dS^T q * scale.",
+        ),
+        (p * dp, scale, jacobian),
+        (p * (dp - dp.sum(-1, keepdim=True)), scale, wrong_delta),
+    ] + [(pw * (dp - delta), scale, note) for pw, note in p_notes]:
+        slips["dq"].append((ds @ k * s, note.format("dq")))
+        slips["dk"].append((ds.transpose(-1, -2) @ q * s, note.format("dk")))
+    slips["dv"] = [(pw.transpose(-1, -2) @ dout, note) for pw, note in p_notes]
+    return slips
 
 
 @register(
@@ -113,21 +271,121 @@ def _check_attention_backward(student) -> None:
         )
         scores = q @ k.transpose(-1, -2) * scale
         out = torch.softmax(scores, -1) @ v
-        dout = torch.randn_like(out)
+        # from the check's generator: the caller's global RNG is left alone
+        dout = torch.randn(out.shape, generator=gen, dtype=torch.float64)
         out.backward(dout)
-        got = student(
+        args = (
             q.detach(),
             k.detach(),
             v.detach(),
             out.detach(),
             torch.logsumexp(scores, -1).detach(),
             dout,
-            scale,
         )
+        got = student(*(a.clone() for a in args), scale)
+        assert isinstance(got, (tuple, list)) and len(got) == 3, (
+            f"return the three gradients (dq, dk, dv), got {type(got).__name__}."
+        )
+        shapes = {"dq": q.shape, "dk": k.shape, "dv": v.shape}
         for name, g, t in zip(("dq", "dk", "dv"), got, (q, k, v)):
-            assert_close(
-                g, t.grad, f"{name} for L={L}, S={S}, d={E}", atol=1e-9, rtol=1e-7
-            )
+            what = f"{name} for L={L}, S={S}, d={E}"
+            g = torch.as_tensor(g)
+            if g.shape != t.shape:
+                same = [n for n, shape in shapes.items() if shape == g.shape]
+                order = (
+                    f" Your {name} has the shape of {same[0][1:]}: return (dq, dk, "
+                    "dv), each with the shape of its input."
+                    if same
+                    else ""
+                )
+                raise AssertionError(
+                    f"{what}: expected shape {tuple(t.shape)}, got {tuple(g.shape)}."
+                    + order
+                )
+            try:
+                assert_close(g, t.grad, what, atol=1e-9, rtol=1e-7)
+            except AssertionError as err:
+                slips = _backward_slips(*args, scale)[name]
+                note = next(
+                    (
+                        " " + note
+                        for wrong, note in slips
+                        if torch.allclose(g.double(), wrong, atol=1e-9, rtol=1e-7)
+                    ),
+                    "",
+                )
+                raise AssertionError(f"{err}{note}") from None
+
+
+def _traffic_ratio(n, sram, bpe, bytes_as_elements=False, tiles="ceil", qo=True):
+    """The ratio of flash traffic at d = 128 and d = 64, right or with one slip: SRAM
+    bytes taken for elements, the number of tiles as ``"real"`` n / B, ``"floor"`` n //
+    B or ``"plus1"`` n // B + 1, or the reading of Q and writing of O left out."""
+
+    def traffic(d):
+        m = sram if bytes_as_elements else sram // bpe
+        block = min(n, max(1, m // (4 * d)))
+        count = {
+            "ceil": -(-n // block),
+            "real": n / block,
+            "floor": n // block,
+            "plus1": n // block + 1,
+        }[tiles]
+        return 2 * n * d * qo + 2 * n * d * count
+
+    return traffic(128) / traffic(64)
+
+
+# flash_traffic_ratio's slips: (n, sram_bytes, bytes_per_element) -> the answer, note
+_IO_SLIPS = [
+    (
+        lambda *case: 4.0,
+        "4 is the asymptotic d^2 scaling: count the traffic of both head dimensions "
+        "from the formula and divide.",
+    ),
+    (
+        lambda *case: 1 / _traffic_ratio(*case),
+        "That is traffic(64) / traffic(128): the ratio is d = 128's traffic over d = "
+        "64's.",
+    ),
+    (
+        lambda *case: _traffic_ratio(*case, bytes_as_elements=True),
+        "Your M is sram_bytes: the SRAM holds sram_bytes // bytes_per_element "
+        "elements.",
+    ),
+    (
+        lambda *case: _traffic_ratio(*case, tiles="real"),
+        "Your number of query tiles is n / B: a ragged last tile still costs a full "
+        "pass over K and V, ceil(n / B) = -(-n // B).",
+    ),
+    (
+        lambda *case: _traffic_ratio(*case, tiles="floor"),
+        "Your number of query tiles is n // B, which drops the ragged last tile: "
+        "ceil(n / B) = -(-n // B).",
+    ),
+    (
+        lambda *case: _traffic_ratio(*case, tiles="plus1"),
+        "Your number of query tiles is n // B + 1, one too many when B divides n: "
+        "ceil(n / B) = -(-n // B).",
+    ),
+    (
+        lambda *case: _traffic_ratio(*case, qo=False),
+        "You count only the streaming of K and V: add the 2 N d for reading Q and "
+        "writing O once.",
+    ),
+]
+
+
+def _io_slip(student, cases) -> str:
+    """The note of the slip the answer makes on every case, or ''."""
+    try:
+        got = [float(student(n, s, bytes_per_element=b)) for n, s, b in cases]
+    except Exception:
+        return ""
+    for slip, note in _IO_SLIPS:
+        if all(abs(g - slip(*case)) <= 1e-9 * g for g, case in zip(got, cases)):
+            return " " + note
+    return ""
 
 
 @register(
@@ -157,9 +415,21 @@ def _check_io_head_dim(student) -> None:
         flash = {d: hbm_accesses(n, d, sram, bpe)["flash"] for d in (64, 128)}
         expected = flash[128] / flash[64]
         what = f"n={n}, sram_bytes={sram}, bytes_per_element={bpe}"
-        got = real_number(student(n, sram, bytes_per_element=bpe), what)
+        try:
+            got = student(n, sram, bytes_per_element=bpe)
+        except Exception as err:  # the grader's stand-in raises a look-alike class
+            if type(err).__name__ != "ZeroDivisionError":
+                raise
+            raise AssertionError(
+                f"for {what} your code divides by zero: M = {sram // bpe} elements of "
+                f"SRAM give M // (4 d) = {sram // bpe // 256} at d = 64 and "
+                f"{sram // bpe // 512} at d = 128; a tile holds at least one row, B = "
+                "max(1, M // (4 d))."
+            ) from None
+        got = real_number(got, what)
         assert abs(got - expected) <= 1e-9 * expected, (
             f"for {what} you return {got!r}; the flash traffic is {flash[128]} "
             "elements at d=128 and "
             f"{flash[64]} at d=64, a ratio of {expected:.6g}."
+            + _io_slip(student, cases)
         )
