@@ -17,7 +17,8 @@ Three commands turn the book into a course::
     python -m attnbook.course nbgrader SOURCE_DIR [--book book] [--points P]
     python -m attnbook.course grade SUBMISSIONS... [--book book] [--out grades.csv]
         [--jobs N] [--timeout 120] [--notebook-timeout 1800] [--memory 6]
-        [--output-limit 20] [--feedback DIR] [--gradebook FILE]
+        [--output-limit 20] [--require-sandbox | --no-sandbox] [--feedback DIR]
+        [--gradebook FILE]
 
 ``student`` replaces every marked block by ``raise NotImplementedError(...)`` (so the
 check reports "not attempted" until the student writes code), un-hides the stub, clears
@@ -457,6 +458,17 @@ def main(argv=None) -> int:
     grading.add_argument(
         "--jobs", type=int, default=1, help="notebooks graded at once (default: 1)"
     )
+    box = grading.add_mutually_exclusive_group()
+    box.add_argument(
+        "--require-sandbox",
+        action="store_true",
+        help="refuse to grade where the bubblewrap sandbox does not work",
+    )
+    box.add_argument(
+        "--no-sandbox",
+        action="store_true",
+        help="run the kernels without the sandbox (every row says isolation: none)",
+    )
     limits = sandbox.Limits()
     grading.add_argument(
         "--timeout",
@@ -530,6 +542,11 @@ def main(argv=None) -> int:
                 book_dir=args.book,
                 limits=limits,
                 jobs=args.jobs,
+                isolation="bwrap"
+                if args.require_sandbox
+                else "none"
+                if args.no_sandbox
+                else "auto",
                 feedback_dir=feedback,
                 gradebook=book,
                 progress=progress,

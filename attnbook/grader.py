@@ -64,7 +64,16 @@ __all__ = [
     "chapter_points",
 ]
 
-CSV_FIELDS = ["student", "notebook", "label", "passed", "status", "message"]
+CSV_FIELDS = [
+    "student",
+    "notebook",
+    "label",
+    "passed",
+    "status",
+    "message",
+    "isolation",
+]
+ISOLATIONS = ("auto", "bwrap", "none")
 NOT_RUN = "check did not run"
 NOTEBOOK = "*"  # the label of a row about the whole notebook
 # A check call in a code cell: check("label", ...) or attnbook.exercises.check('label',
@@ -311,11 +320,20 @@ class KernelSession:
 
     ``run(code)`` executes a cell; ``call(expr, path, args, kwargs)`` calls the object
     the expression ``expr`` names (``path`` indexes into it) and returns the decoded
-    result. The kernel is spoken to over IPC sockets in the private folder.
+    result. The kernel is spoken to over IPC sockets in the private folder. With
+    ``isolation="bwrap"`` it runs in the sandbox
+    (:func:`attnbook.sandbox.sandbox_arguments`).
     """
 
-    def __init__(self, limits: sandbox.Limits, guard: sandbox.ProcessGuard):
-        self.limits, self.guard = limits, guard
+    def __init__(
+        self,
+        limits: sandbox.Limits,
+        guard: sandbox.ProcessGuard,
+        isolation: str = "none",
+    ):
+        if isolation not in ("bwrap", "none"):
+            raise ValueError(f"isolation must be 'bwrap' or 'none', got {isolation!r}")
+        self.limits, self.guard, self.isolation = limits, guard, isolation
         self.output = 0  # bytes of output the kernel sent so far
         self.deadline = time.monotonic() + limits.notebook_timeout
         self._folder = tempfile.TemporaryDirectory(prefix="attnbook-kernel-")
@@ -338,9 +356,14 @@ class KernelSession:
             ip=str(self.folder / "ipc") if transport == "ipc" else "127.0.0.1",
         )
         kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", str(connection)]
+        wrapper = (
+            sandbox.sandbox_arguments(self.folder, work)
+            if self.isolation == "bwrap"
+            else []
+        )
         self._log = (self.folder / "kernel.log").open("wb")
         self.proc = subprocess.Popen(
-            sandbox.launcher_command(self.limits, self.guard, kernel),
+            sandbox.launcher_command(self.limits, self.guard, kernel, wrapper),
             cwd=work,
             env=_kernel_env(home),
             stdin=subprocess.DEVNULL,
@@ -400,6 +423,8 @@ class KernelSession:
 
     def _alive(self) -> None:
         code = self.proc.poll()
+        if code is not None and self.isolation == "bwrap" and 128 < code <= 192:
+            code = 128 - code  # bwrap reports a signal as 128 + signal
         if code is not None:
             why = {
                 -signal.SIGKILL: " (killed: out of memory or processes?)",
@@ -490,8 +515,9 @@ class KernelSession:
 
     def _interrupt(self, msg_id: str) -> None:
         """Interrupt the running cell; kill the kernel if it does not stop in 10 s."""
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(self.proc.pid, signal.SIGINT)
+        # over the control channel: the kernel may be in a sandbox of its own
+        request = self.client.session.msg("interrupt_request", {})
+        self.client.control_channel.send(request)
         if not self._drain(msg_id, time.monotonic() + 10, CellRun()):
             self.kill("a cell ran past its time limit and ignored the interrupt")
         self._reply(msg_id)
@@ -698,7 +724,10 @@ def _row(label, passed, status, message) -> dict:
 
 
 def grade_notebook(
-    path, chapter: Chapter, limits: sandbox.Limits | None = None
+    path,
+    chapter: Chapter,
+    limits: sandbox.Limits | None = None,
+    isolation: str = "none",
 ) -> list[dict]:
     """Grade the submission at ``path`` against ``chapter``: rows ``{"notebook",
     "label", "passed" (0/1), "status", "message"}``, one per check of the chapter, in
@@ -709,7 +738,8 @@ def grade_notebook(
     answer is undefined, or the kernel died before it), or ``untrusted`` (the kernel's
     reply could not be read as an answer, or the answer cell reaches for the grading
     machinery); ``*`` rows are ``error`` (the notebook did not run to the end) or
-    ``note``.
+    ``note``. ``isolation`` (``"bwrap"`` or ``"none"``) is where the kernel runs; every
+    row says it.
     """
     from .exercises import run_check
 
@@ -723,7 +753,9 @@ def grade_notebook(
         for label in chapter.labels:
             rows.setdefault(label, _row(label, 0, "not run", NOT_RUN))
         ordered = [rows[label] for label in chapter.labels] + extra
-        return [{"notebook": path.name, **row} for row in ordered]
+        return [
+            {"notebook": path.name, **row, "isolation": isolation} for row in ordered
+        ]
 
     try:
         if path.is_symlink():
@@ -758,7 +790,7 @@ def grade_notebook(
     answer_errors: dict[str, str] = {}
     with sandbox.process_guard(limits.processes) as guard:
         try:
-            with KernelSession(limits, guard) as kernel:
+            with KernelSession(limits, guard, isolation) as kernel:
                 for step in steps:
                     if step.kind != "check":
                         try:
@@ -878,6 +910,7 @@ def grade(
     book_dir="book",
     limits: sandbox.Limits | None = None,
     jobs: int = 1,
+    isolation: str = "auto",
     feedback_dir=None,
     gradebook=None,
     progress=None,
@@ -892,11 +925,15 @@ def grade(
     "passed", "status", "message"}`` (see :func:`grade_notebook`). A notebook whose name
     is not a chapter's gets one ``*`` row saying so. The inputs of every check are
     drawn from one fresh secret seed for the whole run.
+
+    ``isolation`` is ``"auto"`` (the bubblewrap sandbox where it works, else none),
+    ``"bwrap"`` (refuse to grade without it) or ``"none"``; see :func:`isolation_for`.
     """
     from .exercises.common import fresh_inputs
 
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}")
+    isolation = isolation_for(isolation)
     chapters = load_chapters(book_dir)
     submissions = _submissions(paths, chapters)
     out_csv = Path(out_csv)
@@ -916,10 +953,11 @@ def grade(
                         f"no chapter of the book is named {Path(notebook).name!r}: "
                         "not graded",
                     ),
+                    "isolation": isolation,
                 }
             ]
         else:
-            rows = grade_notebook(path, chapter, limits)
+            rows = grade_notebook(path, chapter, limits, isolation)
         with lock:
             done[0] += 1
             if progress:
@@ -942,6 +980,24 @@ def grade(
         out_csv.parent / "gradebook.csv" if gradebook is None else gradebook,
     )
     return rows
+
+
+def isolation_for(wanted: str = "auto") -> str:
+    """The isolation to grade with: ``"bwrap"`` where the sandbox works (always for
+    ``wanted="bwrap"``, or an error saying how to get it), else ``"none"``."""
+    if wanted not in ISOLATIONS:
+        raise ValueError(f"isolation must be one of {ISOLATIONS}, got {wanted!r}")
+    if wanted == "none":
+        return "none"
+    if sandbox.bwrap_works():
+        return "bwrap"
+    if wanted == "bwrap":
+        raise ValueError(
+            "the sandbox is required but bubblewrap does not work here (Linux only: "
+            "apt-get install bubblewrap, and user namespaces must be allowed); see the "
+            "instructor guide for Docker and nbgrader"
+        )
+    return "none"
 
 
 def _cell(value):
@@ -1069,8 +1125,15 @@ def _points(value: float) -> str:
 
 
 def summary(rows: list[dict]) -> str:
-    """One line per student: checks passed out of checks expected, and failed runs."""
-    lines = []
+    """The isolation the kernels ran in, then one line per student: checks passed out
+    of checks expected, and failed runs."""
+    kinds = sorted({row.get("isolation", "none") for row in rows}) or ["none"]
+    lines = [f"isolation: {', '.join(kinds)}"]
+    if "none" in kinds:
+        lines[0] += (
+            " (no sandbox: the submissions' code could read and write what your user "
+            "can; see the instructor guide)"
+        )
     for student in dict.fromkeys(row["student"] for row in rows):
         mine = [row for row in rows if row["student"] == student]
         checks = [row for row in mine if row["label"] != NOTEBOOK]

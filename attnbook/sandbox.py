@@ -1,4 +1,5 @@
-"""Limits for the kernels that run students' code: memory, processes, file size, time.
+"""The box around the kernels that run students' code: a sandbox, and limits on memory,
+processes, file size and time.
 
 The grader (:mod:`attnbook.grader`) starts every kernel through this module's launcher::
 
@@ -19,22 +20,43 @@ hold for the kernel and everything it starts:
 :class:`Limits` describes them; :func:`process_guard` makes and removes the ``pids``
 cgroup and reports which fork limit holds. Where no limit can be set (Windows, a root
 without a writable cgroup), the grader still grades and says so.
+
+**The sandbox** (:func:`sandbox_arguments`, Linux with bubblewrap): between the launcher
+and the kernel sits ``bwrap``, which gives the kernel its own user, PID, network, IPC
+and UTS namespaces and a file system that holds only the Python runtime and installed
+packages (read-only), the kernel's private folder (its IPC sockets and working
+directory), a private ``/tmp``, ``/proc`` and ``/dev``. No home directory, no ``/etc``
+beyond what the dynamic linker and fonts read, no book, no other submission, no grades,
+no network; the kernel dies with the grader. :func:`bwrap_works` says whether it can be
+used here.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import os
 import secrets
+import shutil
 import signal
+import site
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Limits", "ProcessGuard", "process_guard", "launcher_command", "main"]
+__all__ = [
+    "Limits",
+    "ProcessGuard",
+    "process_guard",
+    "bwrap_works",
+    "sandbox_arguments",
+    "launcher_command",
+    "main",
+]
 
 GIB = 2**30
 
@@ -164,17 +186,86 @@ def _user_processes() -> int:
     return count
 
 
+# --------------------------------------------------------------------------------------
+# The sandbox: bubblewrap
+# --------------------------------------------------------------------------------------
+@functools.cache
+def bwrap_works() -> bool:
+    """Whether ``bwrap`` is installed and can make the namespaces the sandbox needs
+    (user namespaces may be switched off, e.g. in some containers)."""
+    if not sys.platform.startswith("linux") or shutil.which("bwrap") is None:
+        return False
+    probe = ["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", "/", "/"]
+    try:
+        done = subprocess.run([*probe, "true"], capture_output=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def _python_dirs() -> list[Path]:
+    """The folders the kernel's Python needs, read-only: the interpreter's prefixes,
+    the site-packages, and the attnbook package itself (without what lies beside it:
+    in a source checkout that is the book)."""
+    found = {Path(__file__).resolve().parent}
+    for name in [
+        sys.prefix,
+        sys.base_prefix,
+        sys.exec_prefix,
+        sys.base_exec_prefix,
+        *site.getsitepackages(),
+        site.getusersitepackages(),
+    ]:
+        for path in {Path(name), Path(name).resolve()}:
+            if path.is_dir() and path != Path("/"):
+                found.add(path)
+    ordered = sorted(found, key=lambda p: len(p.parts))
+    return [
+        p for i, p in enumerate(ordered) if not any(q in p.parents for q in ordered[:i])
+    ]
+
+
+def sandbox_arguments(folder: Path, workdir: Path) -> list[str]:
+    """The ``bwrap`` arguments that put a command in the sandbox, with ``folder`` (the
+    kernel's private folder) writable and ``workdir`` as its working directory."""
+    args = ["bwrap", "--unshare-all", "--die-with-parent", "--new-session"]
+    if os.geteuid() == 0:
+        args += ["--cap-drop", "ALL"]
+    args += ["--ro-bind", "/usr", "/usr"]
+    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top):
+            args += ["--ro-bind", top, top]
+    for etc in (
+        "/etc/ld.so.cache",
+        "/etc/localtime",
+        "/etc/fonts",
+        "/etc/alternatives",
+    ):
+        args += ["--ro-bind-try", etc, etc]
+    for path in _python_dirs():
+        args += ["--ro-bind", str(path), str(path)]
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
+    args += ["--bind", str(folder), str(folder), "--chdir", str(workdir)]
+    return [*args, "--"]
+
+
 def launcher_command(
-    limits: Limits, guard: ProcessGuard, command: list[str]
+    limits: Limits,
+    guard: ProcessGuard,
+    command: list[str],
+    wrapper: list[str] = (),
 ) -> list[str]:
-    """The command that runs ``command`` under ``limits`` (see :func:`main`)."""
+    """The command that runs ``command`` under ``limits`` (see :func:`main`), inside
+    ``wrapper`` (the sandbox's arguments, or nothing)."""
     cmd = [sys.executable, "-m", "attnbook.sandbox", "--memory", str(limits.memory)]
     cmd += ["--file-size", str(limits.file_size)]
     if guard.cgroup is not None:
         cmd += ["--cgroup", str(guard.cgroup)]
     elif guard.kind == "rlimit":
         cmd += ["--nproc", str(limits.processes)]
-    return [*cmd, "--", *command]
+    return [*cmd, "--", *wrapper, *command]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -6,8 +6,10 @@ can be known, and leave every other student's rows intact: an honest student gra
 keeps full marks. The chapter is cut down to its setup, answer and check cells so a kernel run takes
 seconds; the grader sees it as the book's ``attention.ipynb``.
 
-Writing into the grader's folders is possible here because these tests run the kernels without the
-sandbox: what is tested is that such writes cannot change this run's verdicts or files.
+These tests run the kernels **without the sandbox** (``isolation="none"``): the verdicts must hold
+even where no sandbox exists (macOS, Windows, a Linux without bubblewrap). Writing into the grader's
+folders is therefore possible here; what is tested is that such writes cannot change this run's
+verdicts or files. tests/test_grading_sandbox.py attacks the sandbox itself.
 """
 
 from __future__ import annotations
@@ -222,7 +224,7 @@ def attacked(tmp_path_factory):
     (subs / "other-chapter").mkdir()
     nbformat.write(vision, subs / "other-chapter" / "attention.ipynb")
     limits = sandbox.Limits(cell_timeout=6, notebook_timeout=120, memory=3 * sandbox.GIB)
-    rows = grader.grade([subs], out / "grades.csv", book_dir=book, limits=limits, jobs=2)
+    rows = grader.grade([subs], out / "grades.csv", book_dir=book, limits=limits, jobs=2, isolation="none")
     with (out / "gradebook.csv").open(newline="") as f:
         gradebook = {line[0]: line for line in csv.reader(f)}
     return {"rows": rows, "gradebook": gradebook, "out": out, "marker": marker, "root": root}
@@ -342,7 +344,7 @@ def test_a_fork_bomb_is_contained_and_the_next_student_is_graded(tmp_path):
         (subs / name).mkdir(parents=True)
         nbformat.write(nb, subs / name / "attention.ipynb")
     limits = sandbox.Limits(cell_timeout=5, notebook_timeout=60, processes=64)
-    rows = grader.grade([subs], tmp_path / "g.csv", book_dir=book, limits=limits, jobs=1)
+    rows = grader.grade([subs], tmp_path / "g.csv", book_dir=book, limits=limits, jobs=1, isolation="none")
     got = {(r["student"], r["label"]): r for r in rows}
     assert all(got["bomber", label]["passed"] == 0 for label in LABELS)
     assert all(got["ada", label]["status"] == "passed" for label in LABELS)
