@@ -29,7 +29,7 @@ kernel under limits, and runs the checks in its own process on new inputs (see
 one CSV row per student, notebook and check, a gradebook with points per chapter, and
 one Markdown feedback file per student.
 
-nbformat, nbclient and jupyter_client come with the ``course`` extra: ``pip install
+nbformat, jupyter_client and pyzmq come with the ``course`` extra: ``pip install
 "attnbook[course]"``.
 """
 

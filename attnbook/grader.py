@@ -13,9 +13,9 @@ chapter in four steps:
    cell and per notebook, memory, processes, output), in an empty folder, with a clean
    environment.
 3. **Check from outside.** A check cell is not run in the kernel. The grader evaluates
-   the check (:data:`attnbook.exercises.CHECKS`) in its own process on a stand-in for
+   the check (``attnbook.exercises.CHECKS``) in its own process on a stand-in for
    the student's answer (:class:`RemoteFunction`): each call sends the inputs, drawn
-   from a fresh secret seed (:func:`attnbook.exercises.common.fresh_inputs`), to the
+   from a fresh secret seed (``attnbook.exercises.common.fresh_inputs``), to the
    kernel, runs the student's function there, and brings back only the result, which
    is decoded as plain data (tensors, numbers, strings, lists; no code) and compared
    with the reference in the grader. Nothing the submission prints, writes or patches
@@ -54,8 +54,16 @@ from . import sandbox
 __all__ = [
     "CSV_FIELDS",
     "Chapter",
+    "Step",
     "KernelSession",
+    "CellRun",
+    "KernelGone",
+    "CallTimeout",
+    "Untrusted",
     "RemoteFunction",
+    "isolation_for",
+    "summary",
+    "load_chapters",
     "rebuild",
     "grade_notebook",
     "grade",
@@ -440,8 +448,8 @@ class KernelSession:
 
     # ---- executing -------------------------------------------------------------------
     def run(self, code: str, user_expressions: dict | None = None) -> CellRun:
-        """Execute ``code``; raises :class:`CallTimeout` (interrupted, alive) or
-        :class:`KernelGone`."""
+        """Execute ``code``; raises :class:`attnbook.grader.CallTimeout` (interrupted, alive) or
+        :class:`attnbook.grader.KernelGone`."""
         timeout = min(self.limits.cell_timeout, self.deadline - time.monotonic())
         if timeout <= 0:
             self.kill(
@@ -922,12 +930,12 @@ def grade(
 
     ``paths`` are notebook files or directories (see ``_submissions``). ``jobs``
     notebooks are graded at once. Each row is ``{"student", "notebook", "label",
-    "passed", "status", "message"}`` (see :func:`grade_notebook`). A notebook whose name
+    "passed", "status", "message"}`` (see :func:`attnbook.grader.grade_notebook`). A notebook whose name
     is not a chapter's gets one ``*`` row saying so. The inputs of every check are
     drawn from one fresh secret seed for the whole run.
 
     ``isolation`` is ``"auto"`` (the bubblewrap sandbox where it works, else none),
-    ``"bwrap"`` (refuse to grade without it) or ``"none"``; see :func:`isolation_for`.
+    ``"bwrap"`` (refuse to grade without it) or ``"none"``; see :func:`attnbook.grader.isolation_for`.
     """
     from .exercises.common import fresh_inputs
 

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import re
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +71,33 @@ def test_the_launcher_needs_a_command():
     done = subprocess.run([sys.executable, "-m", "attnbook.sandbox", "--memory", "1000000000"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "no command to run after --" in done.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# The grading container (grading/Dockerfile), for machines without bubblewrap
+# ---------------------------------------------------------------------------------------------
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "grading" / "Dockerfile"
+
+
+def test_the_grading_dockerfile_pins_torch_installs_bubblewrap_and_requires_the_sandbox():
+    text = DOCKERFILE.read_text()
+    torch_version = re.search(r"^TORCH_VERSION \?= (\S+)", (ROOT / "Makefile").read_text(), re.M)[1]
+    assert f"torch=={torch_version} --index-url https://download.pytorch.org/whl/cpu" in text
+    assert "apt-get install -y --no-install-recommends bubblewrap" in text
+    assert "USER grader" in text, "students' code must not run as root in the container"
+    entry = json.loads(re.search(r"^ENTRYPOINT (\[.*\])$", text, re.M)[1])
+    assert entry[:4] == ["python", "-m", "attnbook.course", "grade"] and "--require-sandbox" in entry
+    for source in re.findall(r"^COPY (.+) /src/?\S*$", text, re.M):
+        for path in source.split():
+            assert (ROOT / path).exists(), f"COPY {path}: no such path in the repository"
+    assert "--network none" in text, "the documented run command keeps the container offline"
+
+
+@pytest.mark.skipif(shutil.which("docker") is None, reason="building the image needs Docker")
+def test_the_grading_image_builds_and_its_grader_starts():
+    subprocess.run(["docker", "build", "-f", str(DOCKERFILE), "-t", "attnbook-grader-test", str(ROOT)],
+                   check=True, timeout=1800)
+    done = subprocess.run(["docker", "run", "--rm", "--network", "none", "attnbook-grader-test", "--help"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "--require-sandbox" in done.stdout

@@ -9,7 +9,7 @@ the chapter, and the checks of each chapter live in the submodule named by its t
 
 The grader (:mod:`attnbook.grader`) does not run ``check`` in the student's kernel: it
 calls :func:`run_check` in its own process on a stand-in for the student's answer, with
-inputs drawn from a secret seed (:func:`attnbook.exercises.common.fresh_inputs`).
+inputs drawn from a secret seed (``attnbook.exercises.common.fresh_inputs``).
 """
 
 from __future__ import annotations
