@@ -448,8 +448,8 @@ class KernelSession:
 
     # ---- executing -------------------------------------------------------------------
     def run(self, code: str, user_expressions: dict | None = None) -> CellRun:
-        """Execute ``code``; raises :class:`attnbook.grader.CallTimeout` (interrupted, alive) or
-        :class:`attnbook.grader.KernelGone`."""
+        """Execute ``code``; raises :class:`attnbook.grader.CallTimeout` (the cell was
+        interrupted, the kernel lives on) or :class:`attnbook.grader.KernelGone`."""
         timeout = min(self.limits.cell_timeout, self.deadline - time.monotonic())
         if timeout <= 0:
             self.kill(
@@ -930,12 +930,14 @@ def grade(
 
     ``paths`` are notebook files or directories (see ``_submissions``). ``jobs``
     notebooks are graded at once. Each row is ``{"student", "notebook", "label",
-    "passed", "status", "message"}`` (see :func:`attnbook.grader.grade_notebook`). A notebook whose name
-    is not a chapter's gets one ``*`` row saying so. The inputs of every check are
+    "passed", "status", "message", "isolation"}`` (see
+    :func:`attnbook.grader.grade_notebook`). A notebook whose name is not a chapter's
+    gets one ``*`` row saying so. The inputs of every check are
     drawn from one fresh secret seed for the whole run.
 
     ``isolation`` is ``"auto"`` (the bubblewrap sandbox where it works, else none),
-    ``"bwrap"`` (refuse to grade without it) or ``"none"``; see :func:`attnbook.grader.isolation_for`.
+    ``"bwrap"`` (refuse to grade without it) or ``"none"``; see
+    :func:`attnbook.grader.isolation_for`.
     """
     from .exercises.common import fresh_inputs
 
