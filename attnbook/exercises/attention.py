@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
+import math
+
 import torch
 
+from ..core import MultiHeadAttention, masked_softmax
 from . import register
 from .common import assert_close, generator, is_number
 
@@ -17,7 +21,6 @@ from .common import assert_close, generator, is_number
 def _check_masked_softmax(student) -> None:
     """``student(scores, mask=None, temperature=1.0)`` must equal
     :func:`attnbook.core.masked_softmax`."""
-    from ..core import masked_softmax
 
     gen = generator(101)
     scores = torch.randn(2, 3, 5, 7, generator=gen) * 3
@@ -72,7 +75,6 @@ def _first(where: torch.Tensor) -> tuple[int, ...]:
 def _check_weights(what, actual, expected, scores, mask=None, temperature=1.0) -> None:
     """Name the first row that breaks a property of the masked softmax (no NaN, rows sum
     to 1 or, with no allowed key, to 0, masked keys get no weight), then compare."""
-    from ..core import masked_softmax
 
     allowed = torch.ones_like(scores, dtype=torch.bool)
     if mask is not None:
@@ -137,7 +139,6 @@ def _check_weights(what, actual, expected, scores, mask=None, temperature=1.0) -
 def _check_multi_head(student) -> None:
     """``student(mha, x, context=None)`` must equal ``mha(x, context)`` for self- and
     cross-attention."""
-    from ..core import MultiHeadAttention
 
     gen = generator(102)
     one_head_passed = False
@@ -223,7 +224,6 @@ def _check_sqrt_dk(student) -> None:
     """``student(d_k, sigma_q, sigma_k)`` must give Var[s q.k] = 1: exactly for
     components +-sigma (every outcome enumerated), and within 4% in a Monte Carlo
     estimate for Gaussian ones."""
-    import itertools
 
     gen = torch.Generator().manual_seed(1)
     exact = [(1, 1.0, 1.0), (2, 2.0, 1.0), (3, 0.5, 3.0), (5, 1.5, 0.2)]
@@ -262,7 +262,6 @@ def _check_sqrt_dk(student) -> None:
 
 def _slip(s: float, d_k: int, sq: float, sk: float) -> str:
     """What a wrong scale factor ``s`` most likely did, if it is a known slip."""
-    import math
 
     sd = sq * sk * math.sqrt(d_k)  # the standard deviation of q.k
     slips = [

@@ -4,10 +4,13 @@ readable message, exact numbers and counts."""
 from __future__ import annotations
 
 import contextlib
+import numbers
 import secrets
 from collections.abc import Iterator
 
 import torch
+
+from ..utils import largest_new_tensor as _measure_here
 
 __all__ = [
     "generator",
@@ -58,7 +61,6 @@ def assert_close(
 
 def is_number(x) -> bool:
     """A real Python or NumPy scalar, not a bool and not a tensor."""
-    import numbers
 
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
@@ -88,6 +90,5 @@ def largest_new_tensor(student, *args) -> int:
     measure = getattr(type(student), "largest_new_tensor", None)
     if measure is not None:
         return measure(student, *args)
-    from ..utils import largest_new_tensor as measure_here
 
-    return measure_here(student, *args)
+    return _measure_here(student, *args)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..complexity import attention_flops, attention_memory_bytes
+from ..kvcache import KVCache
 from . import register
 from .common import assert_int
 
@@ -115,7 +118,6 @@ def _check_max_seq_len(student) -> None:
 
 def _length_slip(n: int, budget_bytes: int, **kwargs) -> str:
     """What a wrong longest length ``n`` most likely did, if it is a known slip."""
-    import math
 
     defaults = dict(n_heads=1, batch=1, bytes_per_elem=4, n_layers=1)
     per_element = math.prod({**defaults, **kwargs}.values())  # bytes per n^2
@@ -228,7 +230,6 @@ def _check_kv_decoding_cost(student) -> None:
     :func:`attnbook.complexity.attention_flops` summed over the decoding steps without
     and with a cache, the second the bytes of an :class:`attnbook.kvcache.KVCache` of
     that shape."""
-    from ..kvcache import KVCache
 
     assert (
         isinstance(student, tuple) and len(student) == 2 and all(map(callable, student))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..core import causal_mask
+from ..flash import hbm_accesses
 from . import register
 from .common import assert_close, generator, real_number
 
@@ -174,8 +176,6 @@ def _key_block_slip(student, calls) -> str:
 def _check_causal_key_blocks(student) -> None:
     """``student(q_block, block_q, block_k, L, S)`` must count the key blocks a causal
     query block needs, against :func:`attnbook.core.causal_mask`."""
-
-    from ..core import causal_mask
 
     configs = [
         (8, 8, 2, 2),
@@ -399,7 +399,6 @@ def _check_io_head_dim(student) -> None:
     """``student(n, sram_bytes, bytes_per_element=2)`` must equal the ratio of
     :func:`attnbook.flash.hbm_accesses`'s flash counts for d = 128 and d = 64, on eight
     sizes."""
-    from ..flash import hbm_accesses
 
     cases = [
         (16384, 192 * 1024, 2),  # the chapter's A100 example: 3.95, not 4

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ..kvcache import PagedKVCache, kv_cache_bytes
 from . import register
 from .common import assert_close, generator, is_number
 
@@ -19,7 +22,6 @@ _BYTES_ARGS = (
 
 def _bytes_slips(args) -> list:
     """What plausible wrong answers return for ``kv_cache_bytes(*args)``, and notes."""
-    import math
 
     named = dict(zip(_BYTES_ARGS, args))
     full = 2 * math.prod(args)
@@ -65,8 +67,6 @@ def _bytes_slips(args) -> list:
 def _check_kv_cache_bytes(student) -> None:
     """``student(n_layers, n_kv_heads, head_dim, seq_len, batch, bytes_per_elem)`` must
     equal :func:`attnbook.kvcache.kv_cache_bytes`."""
-
-    from ..kvcache import kv_cache_bytes
 
     cases = [
         (32, 32, 128, 4096, 1, 2),
@@ -158,8 +158,6 @@ def _gather_note(got, pool, table, length) -> str:
 def _check_paged_gather(student) -> None:
     """``student(pool, block_table, length)`` must equal
     :meth:`attnbook.kvcache.PagedKVCache.gather` on interleaved sequences."""
-
-    from ..kvcache import PagedKVCache
 
     gen = generator(6)
     for block, n_blocks, lengths in [

@@ -7,6 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ..linear import linear_attention, performer_features
 from . import register
 from .common import assert_close, assert_int, generator
 
@@ -102,8 +103,6 @@ def _check_linear_attention(student) -> None:
     """``student(q, k, v)`` must equal :func:`attnbook.linear.linear_attention` (elu + 1
     features) for ``L != S`` and batched heads."""
 
-    from ..linear import linear_attention
-
     for seed, (L, S) in enumerate([(5, 5), (3, 8), (1, 1), (7, 2)]):
         q, k, v = _inputs(seed, L, S)
         _compare(
@@ -136,7 +135,6 @@ def _causal(q, k, v, exclusive: bool = False, causal_z: bool = True):
 
 
 def _causal_slips(q, k, v) -> list:
-    from ..linear import linear_attention
 
     return [
         (
@@ -177,8 +175,6 @@ def _causal_slips(q, k, v) -> list:
 def _check_causal_prefix_sums(student) -> None:
     """``student(q, k, v)`` must equal :func:`attnbook.linear.linear_attention` with
     ``is_causal=True``, and later keys must not change earlier outputs."""
-
-    from ..linear import linear_attention
 
     for seed, n in enumerate([1, 2, 6, 11]):
         q, k, v = _inputs(seed, n, n)
@@ -274,8 +270,6 @@ def _performer_slips(x, W) -> list:
 def _check_performer_features(student) -> None:
     """``student(x, W)`` must equal :func:`attnbook.linear.performer_features`, and stay
     finite and exact where ``exp(|x~|^2 / 2)`` overflows."""
-
-    from ..linear import performer_features
 
     gen = generator(0)
     for d, m, scale in [(4, 7, 1.0), (16, 32, 0.5), (8, 3, 1.0)]:

@@ -2,8 +2,16 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ..positional import (
+    RotaryEmbedding,
+    alibi_slopes,
+    sinusoidal_encoding,
+    t5_relative_position_bucket,
+)
 from . import register
 from .common import assert_close, generator
 
@@ -18,7 +26,6 @@ from .common import assert_close, generator
 def _check_sinusoidal(student) -> None:
     """``student(n_positions, dim, base=10000.0)`` must equal
     :func:`attnbook.positional.sinusoidal_encoding`."""
-    from ..positional import sinusoidal_encoding
 
     for n, dim, base in [
         (1, 2, 10000.0),
@@ -100,7 +107,6 @@ def _sinusoidal_slip(got, n: int, dim: int, base: float) -> str:
 def _check_alibi_slopes(student) -> None:
     """``student(n_heads)`` must return ALiBi's slopes (a list or tensor) for powers of
     two and other counts."""
-    from ..positional import alibi_slopes
 
     for n in (1, 2, 4, 8, 16, 3, 6, 12, 20, 24):
         answer = student(n)
@@ -126,14 +132,12 @@ def _check_alibi_slopes(student) -> None:
 
 def _power(x: float) -> str:
     """``x`` as a power of two: ``2^-4 = 0.0625``."""
-    import math
 
     return f"2^{math.log2(x):.4g} = {x:.4g}" if x > 0 else f"{x:.4g}"
 
 
 def _alibi_slip(answer, n: int) -> str:
     """What wrong ALiBi slopes most likely did, if it is a known slip."""
-    import math
 
     def geometric(m, first=1):
         return [2.0 ** (-8.0 * h / m) for h in range(first, first + m)]
@@ -177,7 +181,6 @@ def _alibi_slip(answer, n: int) -> str:
 def _check_t5_bucket(student) -> None:
     """``student(offset, bidirectional=True, num_buckets=32, max_distance=128)`` on a
     Python int offset."""
-    from ..positional import t5_relative_position_bucket
 
     offsets = list(range(-40, 41)) + [
         -1000,
@@ -217,7 +220,6 @@ def _check_t5_bucket(student) -> None:
 def _t5_slip(got: int, offset: int, bidirectional, num_buckets, max_distance) -> str:
     """Where a wrong T5 bucket went wrong: the offset's distance and range, and a
     known slip."""
-    from ..positional import t5_relative_position_bucket
 
     expected = t5_relative_position_bucket(
         torch.tensor(offset), bidirectional, num_buckets, max_distance
@@ -286,7 +288,6 @@ def _t5_slip(got: int, offset: int, bidirectional, num_buckets, max_distance) ->
 def _check_rope(student) -> None:
     """``student(x, positions, base=10000.0)`` must equal ``RotaryEmbedding(dim, base,
     interleaved=True)``."""
-    from ..positional import RotaryEmbedding
 
     gen = generator(303)
     for shape, base, start in [

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ..complexity import attention_flops, rnn_flops
+from ..core import masked_softmax
+from ..rnn import LocalAttention, LuongAttention, accumulated_coverage, coverage_loss
 from . import register
 from .common import assert_close, assert_int, generator, is_number, real_number
 
@@ -121,7 +124,6 @@ def _luong_slips(q, k, W, m) -> list:
 def _check_luong_general(student) -> None:
     """``student(query (B, Dq), keys (B, S, Dk), W (Dq, Dk), mask (B, S) or None)`` ->
     weights ``(B, S)``."""
-    from ..rnn import LuongAttention
 
     gen = generator(801)
     for B, S, dq, dk in [(1, 2, 1, 1), (3, 5, 4, 6), (2, 7, 8, 8)]:
@@ -193,7 +195,6 @@ def _coverage_slips(w) -> list:
 )
 def _check_coverage_loss(student) -> None:
     """``student(weights (B, T, S))`` -> total coverage loss per example ``(B,)``."""
-    from ..rnn import accumulated_coverage, coverage_loss
 
     gen = generator(802)
     # re-reads position 0 once: loss 1
@@ -236,7 +237,6 @@ def _check_coverage_loss(student) -> None:
 def _local_p(scores, p, mask, D, sigma=None, strict=False, gauss=True, window=True):
     """Local-p weights from the formula, or one slip: another sigma, a strict window,
     no Gaussian, or the softmax over all real positions (then cut to the window)."""
-    from ..core import masked_softmax
 
     s = torch.arange(scores.shape[-1], dtype=scores.dtype)[None, :]
     dist = (s - p[:, None]).abs()
@@ -285,7 +285,6 @@ def _local_p_slips(scores, p, mask, D) -> list:
 def _check_local_p(student) -> None:
     """``student(scores (B, S), p (B,), mask (B, S), window D)`` -> local-p weights
     ``(B, S)``; a window with no real token gives zeros."""
-    from ..rnn import LocalAttention
 
     gen = generator(803)
     for B, S, D in [(1, 3, 1), (3, 9, 2), (2, 12, 3)]:
@@ -329,7 +328,6 @@ def _recurrent_decoder_macs(d: int, n: int, m: int, window: int) -> tuple[int, i
     """(recurrence, attention) multiply-adds from the tested FLOP counters: vanilla RNN
     encoder over ``n`` steps and decoder over ``m``, plus, at each of the ``m`` output
     steps, the scores and weighted sum of one query over ``window`` annotations."""
-    from ..complexity import attention_flops, rnn_flops
 
     recurrence = rnn_flops(n, d)["total"] + rnn_flops(m, d)["total"]
     # one decoder query against the annotations

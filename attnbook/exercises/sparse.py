@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..core import scaled_dot_product_attention
+from ..sparse import expand_block_mask, sliding_window_mask
 from . import register
 from .common import assert_close, assert_int, generator, largest_new_tensor
 
@@ -17,7 +19,6 @@ from .common import assert_close, assert_int, generator, largest_new_tensor
 def _check_dilated_window(student) -> None:
     """``student(seq_len, window, causal=False, dilation=1)`` must equal
     :func:`attnbook.sparse.sliding_window_mask`."""
-    from ..sparse import sliding_window_mask
 
     for n, window, causal, dilation in [
         (1, 0, False, 1),
@@ -74,8 +75,6 @@ def _window_reason(i: int, j: int, window: int, causal: bool, dilation: int) -> 
 def _check_local_attention(student) -> None:
     """``student(q, k, v, block_size)`` must equal dense attention with a block-diagonal
     mask, in O(n b) memory."""
-    from ..core import scaled_dot_product_attention
-    from ..sparse import expand_block_mask
 
     gen = generator(105)
     for shape, block in [
@@ -133,8 +132,6 @@ def _check_local_attention(student) -> None:
 def _check_sliding_window_attention(student) -> None:
     """``student(q, k, v, window)`` must equal dense attention with the window mask and
     never form an ``n x n`` tensor."""
-    from ..core import scaled_dot_product_attention
-    from ..sparse import sliding_window_mask
 
     gen = generator(104)
     for shape, window in [
@@ -226,7 +223,6 @@ def _queries(indices: list[int]) -> str:
 def _layers_until_connected(n: int, w: int, dilated: bool) -> int:
     """Stack sliding-window layers (dilation 1, or (w + 1) ** l for layer l = 0, 1, ...)
     until every token reaches every other."""
-    from ..sparse import sliding_window_mask
 
     # reach[i, j]: the input of token j can influence the output of token i
     reach = torch.eye(n, dtype=torch.bool)
