@@ -44,7 +44,7 @@ from pathlib import Path
 
 from . import grader, sandbox
 from .grader import CHECK_CALL as _CHECK_CALL
-from .grader import grade, write_feedback
+from .grader import _require, grade, write_feedback
 
 __all__ = [
     "strip_solutions",
@@ -118,19 +118,6 @@ Each cell, and each call of your function by a check, has a time limit (120 s by
 default), and the whole notebook one too. Every check is recorded: passed, failed, or
 "check did not run" when your function was not defined or the notebook stopped first.
 """
-
-
-def _require(module: str):
-    """Import one of the ``course`` extra's packages, or say how to install it."""
-    import importlib
-
-    try:
-        return importlib.import_module(module)
-    except ImportError as err:  # pragma: no cover - the test environment has the extra
-        raise ImportError(
-            f"attnbook.course needs {module}; install the course extra: pip install "
-            "'attnbook[course]'"
-        ) from err
 
 
 # --------------------------------------------------------------------------------------

@@ -105,7 +105,7 @@ def _require(module: str):
         return importlib.import_module(module)
     except ImportError as err:  # pragma: no cover - the test environment has the extra
         raise ImportError(
-            f"the grader needs {module}; install the course extra: pip install "
+            f"the course kit needs {module}; install the course extra: pip install "
             "'attnbook[course]'"
         ) from err
 

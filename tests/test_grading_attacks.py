@@ -61,6 +61,23 @@ def mini_chapter():
     return nb
 
 
+def classroom(root: Path, students: dict) -> tuple[Path, Path]:
+    """``root/book/attention.ipynb`` (the mini chapter) and ``root/submissions/<name>/attention.ipynb`` for
+    each of ``students`` (name -> notebook, or a change to apply to the blank one); returns both folders."""
+    book, subs = root / "book", root / "submissions"
+    book.mkdir(parents=True, exist_ok=True)
+    mini = mini_chapter()
+    nbformat.write(mini, book / "attention.ipynb")
+    for name, given in students.items():
+        nb = given
+        if callable(given):
+            nb = blank_of(mini)
+            given(nb)
+        (subs / name).mkdir(parents=True)
+        nbformat.write(nb, subs / name / "attention.ipynb")
+    return book, subs
+
+
 def blank_of(nb):
     return course.strip_solutions(nb)
 
@@ -190,10 +207,8 @@ ATTACKS = {
 def attacked(tmp_path_factory):
     """One grading run: an honest student, a blank one, and every attack; returns what it wrote."""
     root = tmp_path_factory.mktemp("attacks")
-    book, subs, out = root / "book", root / "submissions", root / "out"
-    book.mkdir()
+    out = root / "out"
     mini = mini_chapter()
-    nbformat.write(mini, book / "attention.ipynb")
     marker = root / "pwned-by-the-reply"
     attacks = dict(ATTACKS, **{"forged-reply": first_answer(FORGED_REPLY.format(marker=marker))})
     attacks["write-into-the-graders-folders"] = stub_plus(f"""
@@ -202,16 +217,9 @@ def attacked(tmp_path_factory):
                        Path({str(out / "feedback" / "ada.md")!r})]:
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text("student,notebook,label,passed\\nwriter,attention.ipynb,*,1\\n")
-        Path({str(book / "attention.ipynb")!r}).write_text("{{}}")
+        Path({str(root / "book" / "attention.ipynb")!r}).write_text("{{}}")
         """)
-    students = {"ada": mini, "blank": blank_of(mini)}
-    for name, change in attacks.items():
-        nb = blank_of(mini)
-        change(nb)
-        students[name] = nb
-    for name, nb in students.items():
-        (subs / name).mkdir(parents=True)
-        nbformat.write(nb, subs / name / "attention.ipynb")
+    book, subs = classroom(root, {"ada": mini, "blank": blank_of(mini), **attacks})
     # names a shell or a spreadsheet would trip on, a file that is not a notebook, another chapter
     for name in ["..hidden", "$(touch pwned)", "a;b|c&d", "=1+1"]:
         (subs / name).mkdir()
@@ -223,7 +231,8 @@ def attacked(tmp_path_factory):
     vision = course.strip_solutions(nbformat.read(ROOT / "book" / "vision_attention.ipynb", as_version=4))
     (subs / "other-chapter").mkdir()
     nbformat.write(vision, subs / "other-chapter" / "attention.ipynb")
-    limits = sandbox.Limits(cell_timeout=6, notebook_timeout=120, memory=3 * sandbox.GIB)
+    # 10 s a cell: long enough for the floods and bombs to hit their limits on a loaded CI machine
+    limits = sandbox.Limits(cell_timeout=10, notebook_timeout=120, memory=3 * sandbox.GIB)
     rows = grader.grade([subs], out / "grades.csv", book_dir=book, limits=limits, jobs=2, isolation="none")
     with (out / "gradebook.csv").open(newline="") as f:
         gradebook = {line[0]: line for line in csv.reader(f)}
@@ -287,10 +296,10 @@ def test_a_dead_kernel_is_reported_and_stops_the_notebook(attacked):
 
 def test_loops_are_interrupted_or_killed_and_the_rest_still_runs(attacked):
     row = rows_of(attacked, "infinite-loop")["attention-masked-softmax"]  # the answer never got defined
-    assert row["status"] == "not run" and "your answer cell raised the cell ran longer than 6 s" in row["message"]
+    assert row["status"] == "not run" and "your answer cell raised the cell ran longer than 10 s" in row["message"]
     assert rows_of(attacked, "infinite-loop")["attention-sqrt-dk"]["status"] == "failed"  # the kernel lived on
     row = rows_of(attacked, "loop-inside-the-check")["attention-masked-softmax"]
-    assert row["status"] == "failed" and "ran longer than 6 s on the check's inputs" in row["message"]
+    assert row["status"] == "failed" and "ran longer than 10 s on the check's inputs" in row["message"]
     assert rows_of(attacked, "loop-inside-the-check")["attention-sqrt-dk"]["status"] == "failed"  # kernel alive
     row = rows_of(attacked, "loop-ignoring-interrupts")["*"]
     assert row["status"] == "error" and "ignored the interrupt" in row["message"]
@@ -298,10 +307,10 @@ def test_loops_are_interrupted_or_killed_and_the_rest_still_runs(attacked):
 
 def test_memory_and_output_are_capped(attacked):
     rows = rows_of(attacked, "memory-bomb")
-    assert rows["attention-masked-softmax"]["status"] == "failed"  # the kernel survived its MemoryError
-    assert "*" not in rows or rows["*"]["status"] == "note"
+    assert rows["attention-masked-softmax"]["status"] == "failed", rows  # the kernel survived its MemoryError
+    assert "*" not in rows or rows["*"]["status"] == "note", rows
     row = rows_of(attacked, "output-flood")["*"]
-    assert row["status"] == "error" and "more than 20 MB of output" in row["message"]
+    assert row["status"] == "error" and "more than 20 MB of output" in row["message"], row
     row = rows_of(attacked, "huge-answer")["attention-masked-softmax"]
     assert row["status"] == "failed" and "the grader takes at most 10 MB" in row["message"]
 

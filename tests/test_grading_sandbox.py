@@ -18,11 +18,10 @@ import textwrap
 import threading
 from pathlib import Path
 
-import nbformat
 import pytest
 
 from attnbook import grader, sandbox
-from test_grading_attacks import FULL, LABELS, blank_of, mini_chapter
+from test_grading_attacks import FULL, LABELS, blank_of, classroom, mini_chapter
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux's")
 
@@ -94,9 +93,7 @@ class Server:
 def sandboxed(tmp_path_factory):
     root = tmp_path_factory.mktemp("sandbox")
     book, subs, out = root / "book", root / "submissions", root / "out"
-    book.mkdir()
     mini = mini_chapter()
-    nbformat.write(mini, book / "attention.ipynb")
     solution = next(c.source for c in mini.cells if "solution" in c.metadata.get("tags", []))
     server = Server(solution)
     outside = root / "written-from-the-kernel"
@@ -131,14 +128,7 @@ def sandboxed(tmp_path_factory):
                     pass
             """),
     }
-    students = {"ada": mini, "blank": blank_of(mini)}
-    for name, change in attacks.items():
-        nb = blank_of(mini)
-        change(nb)
-        students[name] = nb
-    for name, nb in students.items():
-        (subs / name).mkdir(parents=True)
-        nbformat.write(nb, subs / name / "attention.ipynb")
+    classroom(root, {"ada": mini, "blank": blank_of(mini), **attacks})
     out.mkdir()
     (out / "grades-of-last-week.csv").write_text("student,points\nada,4\n")
     limits = sandbox.Limits(cell_timeout=6, notebook_timeout=120, memory=3 * sandbox.GIB, processes=64)
