@@ -25,6 +25,9 @@ import pytest
 
 from attnbook import course, grader, sandbox
 
+# the shuffled-check-cells attack duplicates a cell, id included, as a student's copy and paste would
+pytestmark = pytest.mark.filterwarnings("ignore:Non-unique cell id")
+
 ROOT = Path(__file__).resolve().parent.parent
 LABELS = ["attention-masked-softmax", "attention-sqrt-dk", "attention-multi-head"]
 FULL = 4  # points: 1 + 1 + 2 (the chapter's metadata)
