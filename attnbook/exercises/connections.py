@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..connections import hopfield_update, ssm_convolution, ssm_recurrent
+from ..linear import elu_feature_map
 from . import register
 from .common import assert_close, generator
 
@@ -17,7 +19,6 @@ from .common import assert_close, generator
 def _check_hopfield_step(student) -> None:
     """``student(query, patterns, beta)`` must equal
     :func:`attnbook.connections.hopfield_update`."""
-    from ..connections import hopfield_update
 
     gen = generator(1101)
     patterns = torch.randn(10, 6, generator=gen)
@@ -45,6 +46,19 @@ def _check_hopfield_step(student) -> None:
     for what, query, pats, beta in cases:
         actual = student(query, pats, beta)
         assert not torch.isnan(actual).any(), f"{what}: your update contains NaN."
+        scores = query @ pats.transpose(-2, -1)
+        for wrong, mistake in [
+            (
+                torch.softmax(beta * scores, dim=-2) @ pats,
+                "normalized over the queries",
+            ),
+            (torch.softmax(scores, dim=-1) @ pats, "left out beta"),
+        ]:
+            assert not (
+                actual.shape == wrong.shape
+                and torch.allclose(actual, wrong, atol=1e-5)
+                and not torch.allclose(wrong, hopfield_update(query, pats, beta=beta))
+            ), f"{what}: you {mistake}."
         assert_close(actual, hopfield_update(query, pats, beta=beta), what)
 
 
@@ -58,7 +72,6 @@ def _check_hopfield_step(student) -> None:
 def _check_ssm_matrix(student) -> None:
     """``student(a, b, c, length)`` -> ``(D, L, L)`` with ``y[:, :, d] = x[:, :, d] @
     T[d].T`` = the SSM's output."""
-    from ..connections import ssm_convolution
 
     gen = generator(1102)
     for D, N, L in [(1, 1, 4), (3, 4, 9), (2, 8, 16)]:
@@ -92,7 +105,6 @@ def _check_ssm_matrix(student) -> None:
 def _check_ssm_step(student) -> None:
     """Scanning ``student(x_t, h, a, b, c)`` over a sequence must equal
     :func:`attnbook.connections.ssm_recurrent`."""
-    from ..connections import ssm_recurrent
 
     gen = generator(1103)
     cases = [  # (what, B, D, N, L, a = 0?, non-zero initial state?)
@@ -162,7 +174,6 @@ def _retention_recurrence(
 def _check_linear_attention_ssm(student) -> None:
     """``student(n, gamma)`` -> ``M`` (n, n) such that ``(M * phi(Q) phi(K)^T) V``
     equals the decayed recurrence run step by step."""
-    from ..linear import elu_feature_map
 
     gen = generator(1104)
     for n, gamma in [(1, 0.9), (2, 0.5), (5, 0.9), (8, 0.3), (9, 0.99), (6, 1.0)]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..graph import GATLayer, GCNLayer, edge_softmax, to_dense_adjacency
 from . import register
 from .common import assert_close, generator
 
@@ -21,7 +22,6 @@ def _random_edge_index(gen: torch.Generator, n: int, e: int) -> torch.Tensor:
 def _check_gcn_propagation(student) -> None:
     """``student(edge_index, num_nodes)`` must be the dense ``D^-1/2 (A + I) D^-1/2``
     that GCNLayer applies."""
-    from ..graph import GCNLayer
 
     gen = generator(1001)
     cases = [
@@ -51,7 +51,21 @@ def _check_gcn_propagation(student) -> None:
         expected = torch.zeros(n, n).index_put_(
             (used[1], used[0]), weight, accumulate=True
         )
-        assert_close(student(edge_index, n), expected, what)
+        actual = student(edge_index, n)
+        used, weight = GCNLayer(1, 1).edge_weights(edge_index.flip(0), n)
+        flipped = torch.zeros(n, n).index_put_(
+            (used[1], used[0]), weight, accumulate=True
+        )
+        if (
+            isinstance(actual, torch.Tensor)
+            and actual.shape == expected.shape
+            and not torch.allclose(expected, flipped)
+        ):
+            assert not torch.allclose(actual.double(), flipped.double(), atol=1e-5), (
+                f"{what}: your matrix is the transpose of the right one (the edges "
+                "reversed): row i must hold the edges INTO node i (A[target, source])."
+            )
+        assert_close(actual, expected, what)
 
 
 @register(
@@ -64,7 +78,6 @@ def _check_gcn_propagation(student) -> None:
 def _check_edge_softmax(student) -> None:
     """``student(scores, target, num_nodes)`` must equal
     :func:`attnbook.graph.edge_softmax`."""
-    from ..graph import edge_softmax
 
     gen = generator(1002)
     target = torch.randint(0, 6, (15,), generator=gen)
@@ -94,7 +107,6 @@ def _check_edge_softmax(student) -> None:
 def _check_gat_coefficients(student) -> None:
     """``student(x, adj, weight, att_src, att_dst, negative_slope)`` must equal
     ``GATLayer.forward_dense``'s weights."""
-    from ..graph import GATLayer, to_dense_adjacency
 
     gen = generator(1003)
     cases = [

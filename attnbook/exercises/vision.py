@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-import torch
+import math
 
+import torch
+import torch.nn.functional as F
+
+from ..vision import PatchEmbedding, SpatialAttention, attention_rollout
 from . import register
 from .common import assert_close, generator, real_number
 
@@ -19,9 +23,6 @@ from .common import assert_close, generator, real_number
 def _check_patchify(student) -> None:
     """``student(images, patch_size)`` must equal unfold's row-major, channel-major
     patches ``(B, N, C*p*p)``."""
-    import torch.nn.functional as F
-
-    from ..vision import PatchEmbedding
 
     gen = generator(109)
     for B, C, size, p in [(1, 1, 4, 2), (2, 3, 8, 4), (3, 2, 6, 3), (1, 1, 5, 5)]:
@@ -31,9 +32,19 @@ def _check_patchify(student) -> None:
         assert isinstance(actual, torch.Tensor), (
             f"return a torch.Tensor, got {type(actual).__name__}."
         )
-        assert_close(
-            actual, expected, f"patches of a {tuple(x.shape)} batch with patch_size={p}"
-        )
+        what = f"patches of a {tuple(x.shape)} batch with patch_size={p}"
+        if actual.shape == expected.shape and not torch.allclose(actual, expected):
+            grid = x.reshape(B, C, size // p, p, size // p, p)
+            for order, mistake in [
+                ((0, 4, 2, 1, 3, 5), "your patches run down the columns first"),
+                ((0, 2, 4, 3, 5, 1), "each of your patches is flattened pixel-major"),
+            ]:
+                variant = grid.permute(*order).reshape(expected.shape)
+                assert not torch.allclose(actual, variant), (
+                    f"{what}: {mistake} ({order}); the book's order is row-major "
+                    "patches, each flattened channel-major (C, p, p)."
+                )
+        assert_close(actual, expected, what)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(p)
             embed = PatchEmbedding(size, p, C, 5)
@@ -55,7 +66,6 @@ def _check_patchify(student) -> None:
 def _check_rollout(student) -> None:
     """``student(attentions)`` must equal :func:`attnbook.vision.attention_rollout`
     (with the residual)."""
-    from ..vision import attention_rollout
 
     gen = generator(209)
     cases = [(1, 1, 2, 1), (2, 4, 5, 3), (1, 2, 7, 6)]
@@ -83,7 +93,6 @@ def _check_rollout(student) -> None:
 def _check_spatial_gate(student) -> None:
     """``student(x, weight)`` must equal :meth:`attnbook.vision.SpatialAttention.gate`
     with that conv weight."""
-    from ..vision import SpatialAttention
 
     gen = generator(309)
     cases = [
@@ -115,7 +124,6 @@ def _check_conv_heads(student) -> None:
     """``student(n, tol, max_abs_x=1.0, w_norm=1.0)`` must return the smallest peak ``pi
     >= 0`` with ``2 (n-1) / (e^pi + n-1) * max_abs_x * w_norm <= tol``, found by
     bisection."""
-    import math
 
     def bound(pi, n, x, w):
         return (
@@ -147,7 +155,16 @@ def _check_conv_heads(student) -> None:
     for n, tol, x, w in cases:
         expected = bisect(n, tol, x, w)
         what = f"n={n}, tol={tol}, max_abs_x={x}, w_norm={w}"
-        got = real_number(student(n, tol, max_abs_x=x, w_norm=w), what)
+        try:
+            answer = student(n, tol, max_abs_x=x, w_norm=w)
+        except (ValueError, ZeroDivisionError, OverflowError) as err:
+            at_zero = bound(0.0, n, x, w)
+            enough = "; pi = 0 already meets it" if at_zero <= tol else ""
+            raise AssertionError(
+                f"for {what} your code raised {type(err).__name__}: {err} (the "
+                f"bound at pi = 0 is {at_zero:.4g}{enough})."
+            ) from None
+        got = real_number(answer, what)
         assert abs(got - expected) <= 1e-6 * max(1.0, expected), (
             f"for {what} you return pi = {got!r}, where the bound is "
             f"{bound(got, n, x, w):.4g}; the smallest "
