@@ -35,7 +35,7 @@ class Variant:
 
     @property
     def label(self) -> str:
-        """A short readable name: the kernel and its constants."""
+        """The kernel and its constants, as one readable string."""
         consts = ", ".join(f"{k}={v}" for k, v in self.constexprs.items())
         return (
             f"{self.kernel}[{consts}; warps={self.num_warps}, stages={self.num_stages}]"
