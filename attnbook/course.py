@@ -51,8 +51,6 @@ __all__ = [
     "make_student_bundle",
     "nbgrader_source",
     "make_nbgrader_source",
-    "grade",
-    "write_feedback",
     "expected_labels",
     "main",
 ]

@@ -244,9 +244,10 @@ def sandbox_arguments(folder: Path, workdir: Path) -> list[str]:
         "/etc/alternatives",
     ):
         args += ["--ro-bind-try", etc, etc]
+    # /tmp first: binds below it (a checkout in /tmp, the kernel's folder) go on top
+    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     for path in _python_dirs():
         args += ["--ro-bind", str(path), str(path)]
-    args += ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]
     args += ["--bind", str(folder), str(folder), "--chdir", str(workdir)]
     return [*args, "--"]
 
