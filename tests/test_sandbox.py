@@ -110,3 +110,16 @@ def test_the_grading_image_builds_and_its_grader_starts():
     done = subprocess.run(["docker", "run", "--rm", "--network", "none", "attnbook-grader-test", "--help"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "--require-sandbox" in done.stdout
+
+
+def test_the_sandbox_mounts_tmp_before_the_python_folders_it_binds(tmp_path):
+    """bwrap mounts in order: a private /tmp mounted after the binds would hide a checkout or a
+    virtual environment under /tmp (as in CI's fresh clone)."""
+    args = sandbox.sandbox_arguments(tmp_path, tmp_path)
+    tmpfs = args.index("--tmpfs")
+    binds = [i for i, a in enumerate(args) if a == "--ro-bind" and args[i + 1] != "/usr" and i > 6]
+    assert binds and all(i > tmpfs for i in binds), args
+    assert args.index("--bind") > tmpfs and args[-1] == "--"
+    assert {"--unshare-all", "--die-with-parent", "--new-session"} <= set(args)
+    assert "/work" not in args and str(Path(__file__).resolve().parent.parent) not in args, \
+        "the repository (with the book) is never bound, only the package inside it"
