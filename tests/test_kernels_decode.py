@@ -83,3 +83,12 @@ def test_default_num_splits_fills_the_machine_but_keeps_whole_tiles():
     assert default_num_splits(batch_heads=1, max_len=65536) == 128
     assert default_num_splits(batch_heads=256, max_len=65536) == 1  # a big batch already fills the GPU
     assert default_num_splits(batch_heads=1, max_len=3 * BLOCK_N) == 3
+
+
+def test_num_splits_is_bounded_by_the_merge_kernels_tile():
+    """The merge kernel reads every split in one tile; the compile test covers tiles up to MAX_SPLITS."""
+    from attnbook.kernels.decode import MAX_SPLITS, MERGE_BLOCKS, default_num_splits
+    assert default_num_splits(1, 10**6) == MAX_SPLITS == MERGE_BLOCKS[-1]
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 40, 16)
+    with pytest.raises(ValueError, match=f"num_splits must be between 1 and {MAX_SPLITS}"):
+        decode_attention(q, k, k, torch.tensor([40]), num_splits=MAX_SPLITS + 1)

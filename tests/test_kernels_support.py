@@ -18,16 +18,22 @@ T4, V100, P100, A100, L4, H100 = (7, 5), (7, 0), (6, 0), (8, 0), (8, 9), (9, 0)
 @pytest.mark.parametrize("kernel", ["flash", "decode"])
 @pytest.mark.parametrize("capability", [A100, L4, H100])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
-def test_ampere_and_newer_run_every_dtype_in_triton(kernel, capability, dtype):
+def test_ampere_and_newer_run_triton_unless_the_compiled_kernels_do_not_fit(kernel, capability, dtype):
     backend, why = kernels.plan(kernel, capability, dtype, 64)
-    assert backend == "triton" and "fully supported" in why
+    misfit = kernels.compiled_fit(kernel, capability, dtype, 64)
+    if misfit is None or (misfit[0] == "spill" and dtype != torch.float32):
+        assert backend == "triton" and "fully supported" in why
+    else:  # float32 tiles that spill, or anything over the shared-memory limit
+        assert backend == "torch" and why.startswith(misfit[1])
 
 
 @pytest.mark.parametrize("capability", [T4, V100])
-def test_volta_and_turing_run_fp16_fp32_without_tensor_cores_and_fall_back_for_bf16(capability):
-    for dtype in (torch.float16, torch.float32):
-        backend, why = kernels.plan("flash", capability, dtype, 64)
-        assert backend == "triton" and "without tensor cores" in why
+def test_volta_and_turing_run_fp16_without_tensor_cores_and_fall_back_for_bf16(capability):
+    backend, why = kernels.plan("flash", capability, torch.float16, 64)
+    assert backend == "triton" and "without tensor cores" in why
+    backend, why = kernels.plan("flash", capability, torch.float32, 64)
+    misfit = kernels.compiled_fit("flash", capability, torch.float32, 64)
+    assert (backend, misfit is None) in {("triton", True), ("torch", False)}
     backend, why = kernels.plan("flash", capability, torch.bfloat16, 64)
     assert backend == "torch" and "bfloat16 needs compute capability >= 8.0" in why
 

@@ -18,19 +18,36 @@ capability 7.0 and newer and lists 8.0+ (Ampere) as its supported NVIDIA hardwar
 recent versions compute ``tl.dot`` on 7.x GPUs (V100, T4) without tensor cores, so the
 kernels are correct there but slow. bfloat16 needs 8.0+. The FlashAttention kernels take
 head dimensions 16, 32, 64 and 128.
+
+And one rule from the kernels themselves: every kernel was compiled for the book's
+targets without a GPU (``benchmarks/bench_kernel_compile.py``, stored in
+``compiled.json`` beside this file, see :mod:`attnbook.kernels.compile`). A
+configuration whose shared memory exceeds its GPU's per-block limit would fail to
+launch, and float32 tiles that spill registers to local memory run far slower than
+PyTorch: :func:`plan` sends both to the PyTorch path and says why.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
+import json
 import os
 import textwrap
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-__all__ = ["FLASH_HEAD_DIMS", "plan", "plan_for", "support", "KernelSupport"]
+__all__ = [
+    "FLASH_HEAD_DIMS",
+    "plan",
+    "plan_for",
+    "compiled_fit",
+    "support",
+    "KernelSupport",
+]
 
 #: Head dimensions the FlashAttention kernels are compiled for (one tile shape each).
 FLASH_HEAD_DIMS = (16, 32, 64, 128)
@@ -47,6 +64,59 @@ def _triton_version() -> str | None:
         importlib.metadata.PackageNotFoundError
     ):  # pragma: no cover - a source build of triton
         return "unknown"
+
+
+# the kernels each dispatcher launches (the block-sparse kernel has its own rules)
+_LAUNCHED = {
+    "flash": ("flash_fwd", "flash_bwd_delta", "flash_bwd_dkdv", "flash_bwd_dq"),
+    "decode": ("decode_split", "decode_merge"),
+}
+
+
+@functools.cache
+def _compiled() -> list[dict]:
+    path = Path(__file__).with_name("compiled.json")
+    return json.loads(path.read_text())["kernels"] if path.exists() else []
+
+
+def compiled_fit(
+    kernel: str, capability: tuple[int, int], dtype: torch.dtype, head_dim: int
+) -> tuple[str, str] | None:
+    """What the compiled table says of ``kernel``'s launches on ``capability``: ``None``
+    when all fit, ``("shared", why)`` when one needs more shared memory than a block
+    may have, ``("spill", why)`` when one spills registers. The nearest measured target
+    at or below ``capability`` stands in for it (8.7 -> 8.6, 10.0 -> 9.0)."""
+    measured = sorted({row["capability"] for row in _compiled()})
+    cc = capability[0] * 10 + capability[1]
+    below = [t for t in measured if t <= cc]
+    if not below:
+        return None
+    target, name = below[-1], str(dtype).removeprefix("torch.")
+    rows = [
+        row
+        for row in _compiled()
+        if row["capability"] == target
+        and row["dtype"] == name
+        and row["head_dim"] == head_dim
+        and row["kernel"] in _LAUNCHED[kernel]
+    ]
+    from .compile import TARGETS
+
+    limit = TARGETS[target].shared
+    for row in rows:
+        if row["shared"] > limit:
+            return "shared", (
+                f"{row['kernel']} needs {row['shared'] // 1024} KiB of shared memory "
+                f"for head_dim {head_dim} in {name}; sm{target} allows "
+                f"{limit // 1024} KiB per block"
+            )
+    for row in rows:
+        if row["spill"]:
+            return "spill", (
+                f"{row['kernel']} spills {row['spill']} bytes per thread to local "
+                f"memory for head_dim {head_dim} in {name} on sm{target}"
+            )
+    return None
 
 
 def plan(
@@ -92,6 +162,13 @@ def plan(
         return (
             "torch",
             f"head_dim {head_dim} is not one of the kernels' {FLASH_HEAD_DIMS}",
+        )
+    misfit = compiled_fit(kernel, tuple(capability), dtype, head_dim)
+    if misfit is not None and (misfit[0] == "shared" or dtype == torch.float32):
+        return "torch", misfit[1] + (
+            ": it would not launch"
+            if misfit[0] == "shared"
+            else ": slower than PyTorch"
         )
     if tuple(capability) < (8, 0):
         return "triton", (

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from ..contract import check_decode
 
-__all__ = ["decode_attention", "default_num_splits"]
+__all__ = ["decode_attention", "default_num_splits", "variants"]
 
 BLOCK_N = 32  # keys per tile
 
@@ -193,8 +193,71 @@ def default_num_splits(
         min(
             math.ceil(target_programs / max(batch_heads, 1)),
             math.ceil(max_len / BLOCK_N),
+            MAX_SPLITS,
         ),
     )
+
+
+#: Merge-tile sizes (``BLOCK_S``: the splits rounded up to a power of two >= 16): every
+#: one a launch can use, since ``num_splits`` is at most :data:`MAX_SPLITS`.
+MAX_SPLITS = 128
+MERGE_BLOCKS = (16, 32, 64, 128)
+
+
+def _block_d(head_dim: int) -> int:
+    return max(16, triton.next_power_of_2(head_dim))
+
+
+def variants(dtype: torch.dtype, head_dim: int) -> list:
+    """The compiled forms :func:`decode_attention` launches on a GPU for ``dtype`` and
+    ``head_dim``: the split kernel and the merge kernel (one per ``BLOCK_S`` in
+    ``MERGE_BLOCKS``), as :class:`attnbook.kernels.variants.Variant`."""
+    from .variants import Variant, parameters
+
+    names = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+    if dtype not in names:
+        raise ValueError(f"dtype must be one of {list(names)}, got {dtype}")
+
+    def signature(fn, typed):
+        return {
+            name: "constexpr" if constexpr else typed.get(name, "i32")
+            for name, constexpr in parameters(fn)
+        }
+
+    data = "*" + names[dtype]
+    split = signature(
+        _split_kernel,
+        {
+            "Q": data,
+            "K": data,
+            "V": data,
+            "SEQLENS": "*i32",
+            "O_PART": "*fp32",
+            "LSE_PART": "*fp32",
+            "scale": "fp32",
+        },
+    )
+    merge = signature(
+        _merge_kernel, {"O_PART": "*fp32", "LSE_PART": "*fp32", "OUT": data}
+    )
+    block_d = _block_d(head_dim)
+    return [
+        Variant(
+            "decode_split",
+            _split_kernel,
+            split,
+            {"BLOCK_N": BLOCK_N, "BLOCK_D": block_d},
+        ),
+        *[
+            Variant(
+                "decode_merge",
+                _merge_kernel,
+                merge,
+                {"BLOCK_S": block_s, "BLOCK_D": block_d},
+            )
+            for block_s in MERGE_BLOCKS
+        ],
+    ]
 
 
 def decode_attention(
@@ -225,14 +288,17 @@ def decode_attention(
     B, H, _, d = q.shape
     S = k_cache.shape[2]
     num_splits = num_splits or default_num_splits(B * H, S)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be positive, got {num_splits}")
+    if not 1 <= num_splits <= MAX_SPLITS:
+        raise ValueError(
+            f"num_splits must be between 1 and {MAX_SPLITS} (the merge kernel reads "
+            f"every split in one tile), got {num_splits}"
+        )
     split_len = max(1, math.ceil(S / num_splits))
     seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
     o_part = torch.empty(B, H, num_splits, d, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
     out = torch.empty_like(q)
-    block_d = max(16, triton.next_power_of_2(d))
+    block_d = _block_d(d)
     _split_kernel[(B * H, num_splits)](
         q,
         k_cache,

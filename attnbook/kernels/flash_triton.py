@@ -33,7 +33,7 @@ import triton.language as tl
 
 from ..contract import check_qkv
 
-__all__ = ["flash_forward", "flash_backward", "block_sparse_forward"]
+__all__ = ["flash_forward", "flash_backward", "block_sparse_forward", "variants"]
 
 _LOG2E = 1.4426950408889634
 _HEAD_DIMS = (16, 32, 64, 128)
@@ -454,12 +454,104 @@ def _check_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) ->
         )
 
 
-def _blocks(q: torch.Tensor) -> tuple[int, int]:
-    """One fixed tile configuration: 64 x 64 on a GPU (32 for head_dim 128), 32 x 32
-    under the interpreter."""
-    if not q.is_cuda:
+def _tiles(head_dim: int, on_gpu: bool = True) -> tuple[int, int]:
+    """One fixed tile configuration: 64 x 64 on a GPU (32 x 32 for head_dim 128), 32 x
+    32 under the interpreter. The launchers and :func:`variants` both read it."""
+    if not on_gpu:
         return 32, 32
-    return (32, 32) if q.shape[-1] == 128 else (64, 64)
+    return (32, 32) if head_dim == 128 else (64, 64)
+
+
+def _blocks(q: torch.Tensor) -> tuple[int, int]:
+    return _tiles(q.shape[-1], q.is_cuda)
+
+
+#: Block sizes of the block-sparse kernel that the compile test covers (the caller
+#: chooses one: any power of two >= 16).
+BLOCK_SPARSE_SIZES = (16, 32, 64, 128)
+_TRITON_DTYPE = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
+# parameters that are not pointers to the inputs' dtype, by kernel parameter name
+_SCALARS = {"qk_scale": "fp32", "sm_scale": "fp32"}
+_FP32_POINTERS = {"LSE", "DELTA", "DK", "DV"}
+_INT_POINTERS = {"ROW_PTR", "COL_IDX"}
+_SIZES = {"H", "H_KV", "L", "S"}  # upper-case like the pointers, but int32 sizes
+
+
+def _signature(fn, dtype: torch.dtype) -> dict[str, str]:
+    """Triton's signature of kernel ``fn`` for inputs of ``dtype``: pointers to the
+    inputs' dtype (``*fp16``), float32 buffers, int32 indices, fp32 scales, i32
+    sizes, and the constexprs."""
+    from .variants import parameters
+
+    sig = {}
+    for name, is_constexpr in parameters(fn):
+        if is_constexpr:
+            sig[name] = "constexpr"
+        elif name in _SCALARS:
+            sig[name] = _SCALARS[name]
+        elif name in _FP32_POINTERS:
+            sig[name] = "*fp32"
+        elif name in _INT_POINTERS:
+            sig[name] = "*i32"
+        elif name.isupper() and name not in _SIZES:
+            sig[name] = "*" + _TRITON_DTYPE[dtype]
+        else:
+            sig[name] = "i32"
+    return sig
+
+
+def variants(
+    dtype: torch.dtype,
+    head_dim: int,
+    *,
+    causal: bool = False,
+    block_sizes: tuple[int, ...] = BLOCK_SPARSE_SIZES,
+) -> list:
+    """Every compiled form the launchers here use on a GPU for ``dtype`` and
+    ``head_dim``: the forward, the three backward kernels and the block-sparse forward
+    (one per block size), as :class:`attnbook.kernels.variants.Variant` (Triton's
+    default launch options: 4 warps, 3 stages)."""
+    from .variants import Variant
+
+    if dtype not in _TRITON_DTYPE:
+        raise ValueError(f"dtype must be one of {list(_TRITON_DTYPE)}, got {dtype}")
+    block_m, block_n = _tiles(head_dim)
+    precision = "ieee" if dtype == torch.float32 else "tf32"
+    tile = {"BLOCK_M": block_m, "BLOCK_N": block_n, "HEAD_DIM": head_dim}
+    flags = {"CAUSAL": causal, "PRECISION": precision}
+    found = [
+        Variant(
+            "flash_fwd", _fwd_kernel, _signature(_fwd_kernel, dtype), {**tile, **flags}
+        ),
+        Variant(
+            "flash_bwd_delta",
+            _bwd_delta_kernel,
+            _signature(_bwd_delta_kernel, dtype),
+            {"BLOCK_M": block_m, "HEAD_DIM": head_dim},
+        ),
+        Variant(
+            "flash_bwd_dkdv",
+            _bwd_dkdv_kernel,
+            _signature(_bwd_dkdv_kernel, dtype),
+            {**tile, **flags},
+        ),
+        Variant(
+            "flash_bwd_dq",
+            _bwd_dq_kernel,
+            _signature(_bwd_dq_kernel, dtype),
+            {**tile, **flags},
+        ),
+    ]
+    found += [
+        Variant(
+            "block_sparse_fwd",
+            _block_sparse_fwd_kernel,
+            _signature(_block_sparse_fwd_kernel, dtype),
+            {"BLOCK": block, "HEAD_DIM": head_dim, **flags},
+        )
+        for block in block_sizes
+    ]
+    return found
 
 
 def _precision(q: torch.Tensor) -> str:

@@ -10,9 +10,21 @@ test and ``benchmarks/bench_kernel_compile.py`` compile exactly these for named 
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass, field
 
-__all__ = ["Variant"]
+__all__ = ["Variant", "parameters"]
+
+
+def parameters(fn) -> list[tuple[str, bool]]:
+    """``(name, is_constexpr)`` for each parameter of a ``@triton.jit`` function, read
+    from its Python source, so it works under the interpreter too (which replaces the
+    function with one that has no ``params``)."""
+    python = getattr(fn, "fn", fn)
+    return [
+        (name, "constexpr" in str(param.annotation))
+        for name, param in inspect.signature(python).parameters.items()
+    ]
 
 
 @dataclass(frozen=True)
