@@ -39,6 +39,7 @@ import math
 import torch
 
 __all__ = [
+    "check_attention_options",
     "check_float",
     "check_qkv",
     "check_attn_mask",
@@ -250,6 +251,45 @@ def grouped_kv(
     if q.dim() < 3 or k.dim() < 3 or min(q.shape[-3], k.shape[-3]) == 1:
         return k, v
     return expand_kv_heads(k, q.shape[-3]), expand_kv_heads(v, q.shape[-3])
+
+
+def check_attention_options(
+    fn: str,
+    q: torch.Tensor,
+    window_size,
+    alibi_slopes: torch.Tensor | None,
+    softcap: float,
+) -> tuple[tuple[int, int], torch.Tensor | None, float]:
+    """Check FlashAttention-2's fused options of ``fn`` for queries ``q (B, H, L, E)``:
+    ``window_size = (left, right)``, each ``-1`` (unbounded) or ``>= 0``;
+    ``alibi_slopes`` ``(H,)`` or ``(B, H)``; ``softcap >= 0`` (0: off). Returns the
+    window as a tuple, the slopes as ``(B, H)`` float32 on ``q``'s device (or
+    ``None``) and the cap as a float."""
+    if (
+        not isinstance(window_size, (tuple, list))
+        or len(window_size) != 2
+        or not all(isinstance(w, int) and w >= -1 for w in window_size)
+    ):
+        raise ValueError(
+            f"{fn}: window_size must be two integers (left, right), each -1 "
+            f"(unbounded) or >= 0, got {window_size!r}"
+        )
+    if not isinstance(softcap, (int, float)) or softcap < 0 or math.isnan(softcap):
+        raise ValueError(
+            f"{fn}: softcap must be a number >= 0 (0: off), got {softcap!r}"
+        )
+    B, H = q.shape[0], q.shape[1]
+    if alibi_slopes is not None:
+        if not isinstance(alibi_slopes, torch.Tensor) or tuple(
+            alibi_slopes.shape
+        ) not in ((H,), (B, H)):
+            shape = getattr(alibi_slopes, "shape", type(alibi_slopes).__name__)
+            raise ValueError(
+                f"{fn}: alibi_slopes must be a tensor of shape ({H},) or ({B}, {H}) "
+                f"for q {tuple(q.shape)}, got {tuple(shape)}"
+            )
+        alibi_slopes = alibi_slopes.to(q.device, torch.float32).expand(B, H)
+    return tuple(window_size), alibi_slopes, float(softcap)
 
 
 def check_decode(

@@ -30,7 +30,7 @@ import os
 
 import torch
 
-from .contract import check_qkv, expand_kv_heads
+from .contract import check_attention_options, check_qkv, expand_kv_heads
 from .utils import check_positive
 
 __all__ = [
@@ -39,7 +39,9 @@ __all__ = [
     "merge_partials",
     "tiled_attention_forward",
     "tiled_attention_backward",
+    "key_range",
     "flash_attention",
+    "flash_attention_varlen",
     "block_sparse_flash_attention",
     "select_backend",
     "hbm_accesses",
@@ -149,10 +151,66 @@ def _from_4d(x: torch.Tensor, batch: torch.Size, rank: int) -> torch.Tensor:
     return x.reshape(x.shape[1:]) if rank == 2 else x
 
 
-def _visible(rows: torch.Tensor, cols: torch.Tensor, L: int, S: int) -> torch.Tensor:
-    """Bottom-right causal mask of one tile: query ``i`` sees key ``j`` when ``j <= i +
-    S - L``."""
-    return cols[None, :] <= rows[:, None] + (S - L)
+def key_range(
+    i0: int,
+    i1: int,
+    L: int,
+    S: int,
+    *,
+    is_causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+) -> tuple[int, int]:
+    """The keys ``[lo, hi)`` that queries ``i0 .. i1 - 1`` may see: a tile loop visits
+    only these, so tiles entirely outside a sliding window or above the causal diagonal
+    cost nothing.
+
+    With FlashAttention-2's ``window_size = (left, right)`` (``-1``: unbounded) query
+    ``i`` sees keys ``j`` in ``[i + S - L - left, i + S - L + right]``; ``is_causal``
+    caps ``right`` at 0 (bottom-right aligned, like the causal mask). ``hi <= lo``
+    means no key at all.
+    """
+    left, right = window_size
+    if is_causal:
+        right = 0 if right < 0 else min(right, 0)
+    lo = 0 if left < 0 else max(0, i0 + S - L - left)
+    hi = S if right < 0 else min(S, i1 - 1 + S - L + right + 1)
+    return lo, hi
+
+
+def _tile_scores(
+    qk: torch.Tensor,
+    rows: torch.Tensor,
+    cols: torch.Tensor,
+    L: int,
+    S: int,
+    is_causal: bool,
+    window: tuple[int, int],
+    slopes: torch.Tensor | None,
+    softcap: float,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One tile's final scores from its scaled products ``qk (B, H, rows, cols)``:
+    ``softcap * tanh(qk / softcap)``, then ALiBi's ``- slope * |i + S - L - j|``, then
+    ``-inf`` outside the causal mask and the window. Also returns ``tanh(qk /
+    softcap)`` (the backward pass needs it) or ``None``."""
+    tanh = None
+    if softcap:
+        tanh = torch.tanh(qk / softcap)
+        qk = softcap * tanh
+    if slopes is not None:
+        distance = (rows[:, None] + (S - L) - cols[None, :]).abs().to(qk.dtype)
+        qk = qk - slopes.to(qk.dtype)[:, :, None, None] * distance
+    left, right = window
+    if is_causal:
+        right = 0 if right < 0 else min(right, 0)
+    if left >= 0 or right >= 0:
+        offset = cols[None, :] - rows[:, None] - (S - L)  # j - (i + S - L)
+        allowed = torch.ones_like(offset, dtype=torch.bool)
+        if left >= 0:
+            allowed &= offset >= -left
+        if right >= 0:
+            allowed &= offset <= right
+        qk = qk.masked_fill(~allowed, -math.inf)
+    return qk, tanh
 
 
 def tiled_attention_forward(
@@ -162,6 +220,9 @@ def tiled_attention_forward(
     *,
     is_causal: bool = False,
     scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    alibi_slopes: torch.Tensor | None = None,
+    softcap: float = 0.0,
     block_q: int = 128,
     block_k: int = 128,
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,7 +237,13 @@ def tiled_attention_forward(
         rowsum(P)``, ``acc' = acc e^(m - m') + P V_j``;   finally ``out = acc / l``,
         ``lse = m + log l``.
 
-    Key blocks entirely after the causal diagonal are skipped. Shapes follow
+    With FlashAttention-2's options: ``softcap > 0`` caps each scaled score,
+    ``softcap * tanh(S / softcap)`` (Gemma 2); ``alibi_slopes`` ``(H,)`` or ``(B, H)``
+    adds ALiBi's ``-slope * |i + S - L - j|``; ``window_size = (left, right)`` lets
+    query ``i`` see only keys ``j`` in ``[i + S - L - left, i + S - L + right]``
+    (:func:`key_range`). Key blocks entirely after the causal diagonal or outside the
+    window are skipped, so at a fixed window the time grows linearly with the length.
+    Shapes follow
     :mod:`attnbook.contract`: ``q (..., H, L, E)``, ``k (..., Hkv, S, E)``, ``v (...,
     Hkv, S, Ev)`` -> ``out (..., H, L, Ev)``, ``lse (..., H, L)`` (float32 or float64).
     ``scale`` defaults to ``1 / sqrt(E)``. Besides the output, the largest temporaries
@@ -188,6 +255,9 @@ def tiled_attention_forward(
     rank = max(q.dim(), k.dim())
     q, k, v, batch = _as_4d(q, k, v)
     check_positive(block_q=block_q, block_k=block_k)
+    window, slopes, softcap = check_attention_options(
+        "tiled_attention_forward", q, window_size, alibi_slopes, softcap
+    )
     B, H, L, E = q.shape
     S = k.shape[2]
     scale = 1.0 / math.sqrt(E) if scale is None else scale
@@ -203,14 +273,16 @@ def tiled_attention_forward(
         acc = torch.zeros(
             B, H, len(rows), v.shape[-1], dtype=acc_dtype, device=q.device
         )
-        # last key the block's last row sees
-        k_end = min(S, i0 + len(rows) + S - L) if is_causal else S
-        for j0 in range(0, k_end, block_k):
-            s = qi @ k[:, :, j0 : j0 + block_k].to(acc_dtype).transpose(-1, -2)
-            if is_causal:
-                cols = torch.arange(j0, j0 + s.shape[-1], device=q.device)
-                s = s.masked_fill(~_visible(rows, cols, L, S), -math.inf)
-            v_j = v[:, :, j0 : j0 + block_k].to(acc_dtype)
+        # only the keys some row of the block may see (causal diagonal, window)
+        lo, hi = key_range(
+            i0, i0 + len(rows), L, S, is_causal=is_causal, window_size=window
+        )
+        for j0 in range(lo, hi, block_k):
+            j1 = min(j0 + block_k, hi)
+            s = qi @ k[:, :, j0:j1].to(acc_dtype).transpose(-1, -2)
+            cols = torch.arange(j0, j1, device=q.device)
+            s, _ = _tile_scores(s, rows, cols, L, S, is_causal, window, slopes, softcap)
+            v_j = v[:, :, j0:j1].to(acc_dtype)
             m, l, acc = online_softmax_step(m, l, s, acc, v_j)
         out[:, :, i0 : i0 + block_q] = (acc / torch.where(l > 0, l, 1.0)[..., None]).to(
             q.dtype
@@ -229,6 +301,9 @@ def tiled_attention_backward(
     *,
     is_causal: bool = False,
     scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    alibi_slopes: torch.Tensor | None = None,
+    softcap: float = 0.0,
     block_q: int = 128,
     block_k: int = 128,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -242,9 +317,11 @@ def tiled_attention_backward(
         ``dV_j += P^T dO_i``, ``dP = dO_i V_j^T``, ``dS = P * (dP - delta_i)``,
         ``dQ_i += dS K_j * scale``, ``dK_j += dS^T Q_i * scale``.
 
-    For MQA/GQA the key/value gradients of the query heads that share a key head are
-    summed. Shapes ``(B, H, L, E)`` as :func:`flash_attention` saves them; ``grad_out``
-    is like ``out``.
+    With ``softcap``, ``dS`` is multiplied by the cap's derivative ``1 - tanh^2(S /
+    softcap)`` before it reaches ``dQ`` and ``dK``; ALiBi's bias and the window need
+    nothing more (the same tiles are skipped). For MQA/GQA the key/value gradients of
+    the query heads that share a key head are summed. Shapes ``(B, H, L, E)`` as
+    :func:`flash_attention` saves them; ``grad_out`` is like ``out``.
     """
     check_qkv("tiled_attention_backward", q, k, v)
     if q.dim() != 4 or k.dim() != 4:
@@ -252,6 +329,9 @@ def tiled_attention_backward(
             "tiled_attention_backward takes (B, H, L, E) tensors, got q "
             f"{tuple(q.shape)} and k {tuple(k.shape)}"
         )
+    window, slopes, softcap = check_attention_options(
+        "tiled_attention_backward", q, window_size, alibi_slopes, softcap
+    )
     B, H, L, E = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     scale = 1.0 / math.sqrt(E) if scale is None else scale
@@ -265,20 +345,24 @@ def tiled_attention_backward(
     for i0 in range(0, L, block_q):
         rows = torch.arange(i0, min(i0 + block_q, L), device=q.device)
         qi, doi = qa[:, :, i0 : i0 + block_q], do[:, :, i0 : i0 + block_q]
-        k_end = min(S, i0 + len(rows) + S - L) if is_causal else S
-        for j0 in range(0, k_end, block_k):
-            kj, vj = ke[:, :, j0 : j0 + block_k], ve[:, :, j0 : j0 + block_k]
-            p = torch.exp(
-                qi @ kj.transpose(-1, -2) * scale
-                - lse_safe[:, :, i0 : i0 + block_q, None]
-            )
-            if is_causal:
-                cols = torch.arange(j0, j0 + kj.shape[2], device=q.device)
-                p = p.masked_fill(~_visible(rows, cols, L, S), 0.0)
-            dv[:, :, j0 : j0 + block_k] += p.transpose(-1, -2) @ doi
+        lo, hi = key_range(
+            i0, i0 + len(rows), L, S, is_causal=is_causal, window_size=window
+        )
+        for j0 in range(lo, hi, block_k):
+            j1 = min(j0 + block_k, hi)
+            kj, vj = ke[:, :, j0:j1], ve[:, :, j0:j1]
+            cols = torch.arange(j0, j1, device=q.device)
+            s, tanh = _tile_scores(
+                qi @ kj.transpose(-1, -2) * scale,
+                rows, cols, L, S, is_causal, window, slopes, softcap,
+            )  # fmt: skip
+            p = torch.exp(s - lse_safe[:, :, i0 : i0 + block_q, None])
+            dv[:, :, j0:j1] += p.transpose(-1, -2) @ doi
             ds = p * (doi @ vj.transpose(-1, -2) - delta[:, :, i0 : i0 + block_q, None])
+            if tanh is not None:  # d(softcap tanh(x / softcap)) / dx = 1 - tanh^2
+                ds = ds * (1 - tanh * tanh)
             dq[:, :, i0 : i0 + block_q] += ds @ kj * scale
-            dk[:, :, j0 : j0 + block_k] += ds.transpose(-1, -2) @ qi * scale
+            dk[:, :, j0:j1] += ds.transpose(-1, -2) @ qi * scale
     group = H // Hkv
     dk = dk.reshape(B, Hkv, group, S, E).sum(dim=2)
     dv = dv.reshape(B, Hkv, group, S, v.shape[-1]).sum(dim=2)
@@ -293,14 +377,20 @@ def _triton_importable() -> bool:
 
 
 def select_backend(
-    q: torch.Tensor, backend: str = "auto", *, v: torch.Tensor | None = None
+    q: torch.Tensor,
+    backend: str = "auto",
+    *,
+    v: torch.Tensor | None = None,
+    kernel: str = "flash",
+    block_size: int | None = None,
 ) -> str:
     """Resolve ``backend`` for inputs like ``q``: ``"triton"`` or ``"torch"``.
 
     ``"auto"`` picks ``"triton"`` when ``q`` is on a CUDA GPU that can run the kernels
-    (Triton installed, compute capability >= 7.0, bfloat16 only on >= 8.0, head dim 16,
-    32, 64 or 128, values ``v`` as wide as the keys: the rule of
-    :func:`attnbook.kernels.plan`), else ``"torch"``.
+    (Triton installed, compute capability >= 7.0, bfloat16 only on >= 8.0, head dims
+    of ``q`` and values ``v`` up to 256, a tile configuration that fits the GPU: the
+    rule of :func:`attnbook.kernels.plan` for ``kernel``, ``"flash"`` or
+    ``"block_sparse"`` with its ``block_size``), else ``"torch"``.
     ``"triton"`` requires Triton and either a CUDA tensor or Triton's CPU interpreter
     (environment variable ``TRITON_INTERPRET=1``, slow, for tests); otherwise it raises
     ``RuntimeError`` saying what is missing.
@@ -317,7 +407,7 @@ def select_backend(
     if backend == "auto":
         from .kernels import plan_for
 
-        return plan_for("flash", q, v)[0]
+        return plan_for(kernel, q, v, block_size)[0]
     if not usable:
         missing = (
             "the triton package"
@@ -335,17 +425,22 @@ class _FlashAttention(torch.autograd.Function):
     """Autograd wrapper: saves ``(q, k, v, out, lse)``, never an ``L x S`` tensor."""
 
     @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, backend):
+    def forward(ctx, q, k, v, is_causal, scale, backend, window, slopes, softcap):
+        fused = {"window_size": window, "alibi_slopes": slopes, "softcap": softcap}
         if backend == "triton":
             from .kernels.flash_triton import flash_forward
 
-            out, lse = flash_forward(q, k, v, is_causal=is_causal, scale=scale)
+            run = flash_forward
         else:
-            out, lse = tiled_attention_forward(
-                q, k, v, is_causal=is_causal, scale=scale
-            )
+            run = tiled_attention_forward
+        out, lse = run(q, k, v, is_causal=is_causal, scale=scale, **fused)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.is_causal, ctx.scale, ctx.backend = is_causal, scale, backend
+        ctx.is_causal, ctx.scale, ctx.backend, ctx.fused = (
+            is_causal,
+            scale,
+            backend,
+            fused,
+        )
         return out
 
     @staticmethod
@@ -354,14 +449,14 @@ class _FlashAttention(torch.autograd.Function):
         if ctx.backend == "triton":
             from .kernels.flash_triton import flash_backward
 
-            dq, dk, dv = flash_backward(
-                q, k, v, out, lse, grad_out, is_causal=ctx.is_causal, scale=ctx.scale
-            )
+            run = flash_backward
         else:
-            dq, dk, dv = tiled_attention_backward(
-                q, k, v, out, lse, grad_out, is_causal=ctx.is_causal, scale=ctx.scale
-            )
-        return dq, dk, dv, None, None, None
+            run = tiled_attention_backward
+        dq, dk, dv = run(
+            q, k, v, out, lse, grad_out,
+            is_causal=ctx.is_causal, scale=ctx.scale, **ctx.fused,
+        )  # fmt: skip
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def flash_attention(
@@ -371,6 +466,9 @@ def flash_attention(
     *,
     is_causal: bool = False,
     scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    alibi_slopes: torch.Tensor | None = None,
+    softcap: float = 0.0,
     backend: str = "auto",
     return_backend: bool = False,
 ):
@@ -380,20 +478,195 @@ def flash_attention(
     Equal to ``attnbook.core.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
     scale=scale, enable_gqa=True)`` (bottom-right causal alignment) with memory
     ``O(L + S)`` per head beyond the inputs and outputs, in the forward and the backward
-    pass. ``backend``: ``"auto"`` (Triton on a GPU that can run it, PyTorch elsewhere),
-    ``"torch"`` or ``"triton"`` (see :func:`select_backend`). Shapes follow
-    :mod:`attnbook.contract`: ``q (..., H, L, E)``, ``k (..., Hkv, S, E)``, ``v (...,
-    Hkv, S, Ev)`` -> ``(..., H, L, Ev)``. With ``return_backend=True`` it returns
-    ``(out, backend)``, the backend that ran.
+    pass. FlashAttention-2's fused options, each applied inside the tiles (see
+    :func:`tiled_attention_forward`): ``window_size=(left, right)`` (a sliding window;
+    tiles outside it are skipped), ``alibi_slopes`` ``(H,)`` or ``(B, H)`` (ALiBi),
+    ``softcap`` (Gemma 2's cap on the scores). ``backend``: ``"auto"`` (Triton on a GPU
+    that can run it, PyTorch elsewhere), ``"torch"`` or ``"triton"`` (see
+    :func:`select_backend`). Shapes follow :mod:`attnbook.contract`: ``q (..., H, L,
+    E)``, ``k (..., Hkv, S, E)``, ``v (..., Hkv, S, Ev)`` -> ``(..., H, L, Ev)``. With
+    ``return_backend=True`` it returns ``(out, backend)``, the backend that ran.
     """
     check_qkv("flash_attention", q, k, v)
     rank = max(q.dim(), k.dim())
     q4, k4, v4, batch = _as_4d(q, k, v)
-    chosen = select_backend(q4, backend, v=v4)
-    out = _from_4d(
-        _FlashAttention.apply(q4, k4, v4, bool(is_causal), scale, chosen), batch, rank
+    window, slopes, softcap = check_attention_options(
+        "flash_attention", q4, window_size, alibi_slopes, softcap
     )
+    chosen = select_backend(q4, backend, v=v4)
+    out = _FlashAttention.apply(
+        q4, k4, v4, bool(is_causal), scale, chosen, window, slopes, softcap
+    )
+    out = _from_4d(out, batch, rank)
     return (out, chosen) if return_backend else out
+
+
+def _check_cu_seqlens(
+    fn: str, name: str, cu: torch.Tensor, total: int, max_len: int
+) -> list[int]:
+    """FlashAttention-2's ``cu_seqlens``: int32, 1-D, from 0 up to ``total``, never
+    decreasing, no sequence longer than ``max_len``. Returns the offsets."""
+    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
+        raise ValueError(
+            f"{fn}: {name} must be a 1-D int32 tensor of offsets, got "
+            f"{getattr(cu, 'dtype', type(cu).__name__)} "
+            f"{tuple(getattr(cu, 'shape', ()))}"
+        )
+    offsets = cu.tolist()
+    lengths = [b - a for a, b in zip(offsets, offsets[1:])]
+    if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != total or min(lengths) < 0:
+        raise ValueError(
+            f"{fn}: {name} must rise from 0 to the {total} tokens without decreasing, "
+            f"got {offsets}"
+        )
+    if max(lengths) > max_len:
+        raise ValueError(
+            f"{fn}: a sequence of {max(lengths)} tokens is longer than the max_seqlen "
+            f"given for {name} ({max_len})"
+        )
+    return offsets
+
+
+def flash_attention_varlen(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    alibi_slopes: torch.Tensor | None = None,
+    softcap: float = 0.0,
+    backend: str = "auto",
+    return_backend: bool = False,
+):
+    """Attention over packed sequences of different lengths, FlashAttention-2's
+    ``flash_attn_varlen_func``: no padding, and no token attends across a boundary.
+
+    ``q (total_q, H, E)`` holds the queries of every sequence one after the other,
+    sequence ``b`` in rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``; ``k, v (total_k,
+    Hkv, E|Ev)`` likewise with ``cu_seqlens_k`` (int32 offsets starting at 0).
+    ``max_seqlen_q`` and ``max_seqlen_k`` bound the lengths (the Triton grid is sized by
+    them). Each sequence is attended as :func:`flash_attention` would attend it alone:
+    causal masks and windows aligned bottom-right per sequence, ALiBi slopes ``(H,)`` or
+    ``(B, H)``, ``softcap``. Returns ``(total_q, H, Ev)``, differentiable.
+    """
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in (q, k, v)):
+        raise ValueError(
+            "flash_attention_varlen: q, k, v must be packed (total, heads, head_dim), "
+            f"got {[tuple(getattr(t, 'shape', ())) for t in (q, k, v)]}"
+        )
+    check_qkv("flash_attention_varlen", *(t.transpose(0, 1) for t in (q, k, v)))
+    starts_q = _check_cu_seqlens(
+        "flash_attention_varlen", "cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q
+    )
+    starts_k = _check_cu_seqlens(
+        "flash_attention_varlen", "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k
+    )
+    if len(starts_q) != len(starts_k):
+        raise ValueError(
+            "flash_attention_varlen: cu_seqlens_q and cu_seqlens_k must describe as "
+            f"many sequences, got {len(starts_q) - 1} and {len(starts_k) - 1}"
+        )
+    n_seq = len(starts_q) - 1
+    window, slopes, softcap = check_attention_options(
+        "flash_attention_varlen",
+        q.new_empty(n_seq, q.shape[1], 0, 0),
+        window_size,
+        alibi_slopes,
+        softcap,
+    )
+    chosen = select_backend(q.unsqueeze(0), backend, v=v)
+    if chosen == "triton":
+        out = _VarlenFlash.apply(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+            bool(is_causal), scale, window, slopes, softcap,
+        )  # fmt: skip
+        return (out, chosen) if return_backend else out
+    outs = []
+    for b in range(n_seq):  # the reference: each sequence on its own
+        L_b, S_b = starts_q[b + 1] - starts_q[b], starts_k[b + 1] - starts_k[b]
+        if L_b == 0 or S_b == 0:  # no query, or nothing to see: zeros
+            outs.append(q.new_zeros(L_b, q.shape[1], v.shape[-1]))
+            continue
+        qb, kb, vb = (
+            t[lo:hi].transpose(0, 1).unsqueeze(0)
+            for t, lo, hi in (
+                (q, starts_q[b], starts_q[b + 1]),
+                (k, starts_k[b], starts_k[b + 1]),
+                (v, starts_k[b], starts_k[b + 1]),
+            )
+        )
+        out = flash_attention(
+            qb, kb, vb, is_causal=is_causal, scale=scale, window_size=window,
+            alibi_slopes=None if slopes is None else slopes[b : b + 1],
+            softcap=softcap, backend="torch",
+        )  # fmt: skip
+        outs.append(out[0].transpose(0, 1))
+    out = torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v.shape[-1])
+    return (out, chosen) if return_backend else out
+
+
+class _VarlenFlash(torch.autograd.Function):
+    """Autograd wrapper of the Triton varlen kernels."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, *fused):
+        from .kernels.flash_triton import varlen_forward
+
+        window, slopes, softcap = fused
+        options = {"window_size": window, "alibi_slopes": slopes, "softcap": softcap}
+        out, lse = varlen_forward(
+            q, k, v, cu_q, cu_k, max_q, max_k,
+            is_causal=is_causal, scale=scale, **options,
+        )  # fmt: skip
+        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+        ctx.sizes, ctx.is_causal, ctx.scale = (max_q, max_k), is_causal, scale
+        ctx.options = options
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        from .kernels.flash_triton import varlen_backward
+
+        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        dq, dk, dv = varlen_backward(
+            q, k, v, out, lse, grad_out, cu_q, cu_k, *ctx.sizes,
+            is_causal=ctx.is_causal, scale=ctx.scale, **ctx.options,
+        )  # fmt: skip
+        return dq, dk, dv, *([None] * 9)
+
+
+class _BlockSparseFlash(torch.autograd.Function):
+    """Autograd wrapper of the Triton block-sparse kernels: saves ``(q, k, v, out,
+    lse)`` and the mask; the backward visits the same active tiles."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, block_mask, block_size, is_causal, scale):
+        from .kernels.flash_triton import block_sparse_forward
+
+        out, lse = block_sparse_forward(
+            q, k, v, block_mask, block_size,
+            is_causal=is_causal, scale=scale, return_lse=True,
+        )  # fmt: skip
+        ctx.save_for_backward(q, k, v, out, lse, block_mask)
+        ctx.block_size, ctx.is_causal, ctx.scale = block_size, is_causal, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        from .kernels.flash_triton import block_sparse_backward
+
+        q, k, v, out, lse, block_mask = ctx.saved_tensors
+        dq, dk, dv = block_sparse_backward(
+            q, k, v, out, lse, grad_out, block_mask, ctx.block_size,
+            is_causal=ctx.is_causal, scale=ctx.scale,
+        )  # fmt: skip
+        return dq, dk, dv, None, None, None, None
 
 
 def block_sparse_flash_attention(
@@ -408,26 +681,28 @@ def block_sparse_flash_attention(
     backend: str = "auto",
     return_backend: bool = False,
 ):
-    """Attention restricted to the active tiles of a block mask (forward only).
+    """Attention restricted to the active tiles of a block mask, differentiable on
+    both backends.
 
     Equal to :func:`attnbook.sparse.block_sparse_attention` (which the ``"torch"``
     backend calls); the ``"triton"`` backend runs
     :func:`attnbook.kernels.flash_triton.block_sparse_forward`, which visits only the
-    active key blocks of each query block. ``block_mask (ceil(L / b), ceil(S / b))``
-    bool, ``b = block_size``. With ``return_backend=True`` it returns ``(out,
-    backend)``.
+    active key blocks of each query block, and its backward
+    :func:`~attnbook.kernels.flash_triton.block_sparse_backward`, which visits the
+    same tiles. ``block_mask (ceil(L / b), ceil(S / b))`` bool, ``b = block_size``.
+    With ``return_backend=True`` it returns ``(out, backend)``.
     """
     from .sparse import block_sparse_attention
 
     check_qkv("block_sparse_flash_attention", q, k, v)
     rank = max(q.dim(), k.dim())
     q4, k4, v4, batch = _as_4d(q, k, v)
-    chosen = select_backend(q4, backend, v=v4)
+    chosen = select_backend(
+        q4, backend, v=v4, kernel="block_sparse", block_size=block_size
+    )
     if chosen == "triton":
-        from .kernels.flash_triton import block_sparse_forward
-
-        out = block_sparse_forward(
-            q4, k4, v4, block_mask, block_size, is_causal=is_causal, scale=scale
+        out = _BlockSparseFlash.apply(
+            q4, k4, v4, block_mask, block_size, bool(is_causal), scale
         )
     else:
         out = block_sparse_attention(

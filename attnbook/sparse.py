@@ -399,11 +399,14 @@ def sliding_window_attention(
     j <= i`` if causal).
 
     Equal to dense attention with ``sliding_window_mask(n, window,
-    is_causal=is_causal)``, in ``O(n * window)`` memory: keys and values are zero-padded
-    by ``window`` at both ends and ``unfold`` makes the ``(..., n, 2 window + 1)``
-    windows as views, so the scores are ``(..., n, 2 window + 1)`` instead of ``(..., n,
-    n)``. Shapes ``(..., n, E)``, ``(..., n, E)``, ``(..., n, Ev)`` -> ``(..., n, Ev)``;
-    queries and keys must have the same length ``n``.
+    is_causal=is_causal)``, with ``O(n * window)`` scores: keys and values are
+    zero-padded by ``window`` at both ends and ``unfold`` makes the ``(..., n, 2
+    window + 1)`` windows as views, so the scores are ``(..., n, 2 window + 1)``
+    instead of ``(..., n, n)``. The batched product copies the windows (``n (2 window
+    + 1) E`` values per head); :func:`attnbook.flash.flash_attention` with
+    ``window_size`` holds one tile at a time instead. Shapes ``(..., n, E)``, ``(...,
+    n, E)``, ``(..., n, Ev)`` -> ``(..., n, Ev)``; queries and keys must have the same
+    length ``n``.
 
     Cost: ``n s`` scores with ``s = 2 window + 1`` keys per query (``window + 1`` if
     causal), so ``2 n s (E + Ev)`` FLOPs for the two matrix products: linear in ``n``

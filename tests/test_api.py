@@ -27,7 +27,7 @@ from attnbook import core, flash, kvcache, linear, positional, sparse
 
 MODULES = ["core", "complexity", "positional", "models", "sparse", "linear", "kvcache",
            "flash", "rnn", "vision", "graph", "connections", "kernels", "kernels.decode",
-           "kernels.flash_triton"]
+           "kernels.flash_triton", "flex"]
 
 
 def _entry_points() -> set[str]:
@@ -86,6 +86,13 @@ def _split_kv(fn):
     return call
 
 
+def _flex_reference(q, k, v, is_causal, scale, attn_mask, like):
+    from attnbook.flex import causal_mask_mod, flex_reference
+
+    L, S = like[0].shape[-2], like[1].shape[-2]
+    return flex_reference(q, k, v, mask_mod=causal_mask_mod(L, S) if is_causal else None, scale=scale)
+
+
 CASES: dict[str, Case] = {
     "core.scaled_dot_product_attention": Case(
         lambda q, k, v, is_causal, scale, attn_mask, like: core.scaled_dot_product_attention(
@@ -94,6 +101,7 @@ CASES: dict[str, Case] = {
         lambda q, k, v, is_causal, scale, attn_mask, like: core.hard_attention(q, k, v, attn_mask, scale=scale),
         reference="hard", causal=False, mask=True),
     "flash.flash_attention": Case(_flags_only(flash.flash_attention)),
+    "flex.flex_reference": Case(_flex_reference),
     "flash.tiled_attention_forward": Case(
         lambda q, k, v, is_causal, scale, attn_mask, like: flash.tiled_attention_forward(
             q, k, v, is_causal=is_causal, scale=scale, block_q=3, block_k=2)[0]),
@@ -142,7 +150,15 @@ CASES: dict[str, Case] = {
 NOT_FORWARD = {
     "flash.tiled_attention_backward": "a backward pass; tests/test_flash.py checks it against autograd",
     "kernels.flash_triton.flash_backward": "the Triton backward pass; tests/test_kernels_flash.py",
+    "kernels.flash_triton.block_sparse_backward": "the Triton block-sparse backward pass; "
+                                                  "tests/test_kernels_flash.py",
     "linear.linear_attention_step": "one recurrent step; tests/test_linear.py runs it step by step",
+    "flash.flash_attention_varlen": "packed (total, H, E) sequences with cu_seqlens; tests/test_flash.py "
+                                    "checks it against each sequence alone and its bad inputs",
+    "kernels.flash_triton.varlen_forward": "the Triton kernels of flash_attention_varlen; "
+                                           "tests/test_kernels_flash.py",
+    "kernels.flash_triton.varlen_backward": "the Triton backward of flash_attention_varlen; "
+                                            "tests/test_kernels_flash.py",
     "linear.delta_rule_attention": "not an average of values (it overwrites); tests/test_linear.py",
 }
 KERNELS = {  # Triton under the CPU interpreter: slow, so one small 4-D case each
@@ -296,7 +312,12 @@ def _bad_call(name, like):
 
 # the Triton backward runs only where its forward did; a recurrent step takes one token
 BATTERY = sorted(set(CASES) | set(NOT_FORWARD) - {"kernels.flash_triton.flash_backward",
-                                                   "linear.linear_attention_step"})
+                                                   "kernels.flash_triton.block_sparse_backward",
+                                                   "linear.linear_attention_step",
+                                                   # packed layouts: their own bad-input tests
+                                                   "flash.flash_attention_varlen",
+                                                   "kernels.flash_triton.varlen_forward",
+                                                   "kernels.flash_triton.varlen_backward"})
 
 
 @pytest.mark.parametrize(

@@ -12,8 +12,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from attnbook.core import scaled_dot_product_attention
+from attnbook.positional import alibi_bias, alibi_slopes
+from attnbook.sparse import sliding_window_mask
 from attnbook.flash import (
     flash_attention,
+    flash_attention_varlen,
+    key_range,
     hbm_accesses,
     merge_partials,
     online_softmax,
@@ -192,3 +196,176 @@ def test_importing_the_package_and_flash_does_not_import_triton():
     code = "import sys, attnbook, attnbook.kernels, attnbook.flash; print('triton' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------------------
+# FlashAttention-2's fused options: sliding window, ALiBi, softcapping
+# --------------------------------------------------------------------------------------
+def _fused_reference(q, k, v, *, is_causal=False, window=(-1, -1), slopes=None, softcap=0.0):
+    """The options applied to the full score matrix, the slow obvious way."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    L, S = q.shape[2], k.shape[2]
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if softcap:
+        s = softcap * torch.tanh(s / softcap)
+    i = torch.arange(L)[:, None] + S - L  # each query's position among the keys
+    j = torch.arange(S)[None, :]
+    if slopes is not None:
+        s = s - slopes.reshape(-1, q.shape[1], 1, 1) * (i - j).abs()
+    allowed = torch.ones(L, S, dtype=torch.bool)
+    left, right = window
+    if left >= 0:
+        allowed &= j >= i - left
+    if right >= 0:
+        allowed &= j <= i + right
+    if is_causal:
+        allowed &= j <= i
+    return torch.softmax(s.masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0) @ v
+
+
+FUSED = [  # (L, S, H, H_kv, is_causal, window, alibi, softcap)
+    (70, 70, 2, 2, False, (8, 8), False, 0.0),
+    (70, 90, 4, 2, True, (16, -1), False, 0.0),
+    (90, 70, 2, 1, False, (-1, 5), False, 0.0),  # L > S: the first rows see few keys
+    (70, 70, 2, 2, True, (-1, -1), True, 0.0),
+    (50, 80, 2, 2, False, (-1, -1), "batch", 0.0),  # slopes per (batch, head)
+    (70, 70, 2, 2, False, (-1, -1), False, 2.0),
+    (60, 75, 4, 2, True, (10, 0), True, 1.5),  # everything at once, with GQA
+    (33, 33, 2, 2, False, (0, 0), False, 0.0),  # each query sees itself only
+]
+
+
+@pytest.mark.parametrize("L, S, H, H_kv, causal, window, alibi, softcap", FUSED)
+def test_fused_options_forward_and_backward_equal_the_dense_reference(gen, L, S, H, H_kv, causal, window,
+                                                                      alibi, softcap):
+    q = torch.randn(2, H, L, 16, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(2, H_kv, S, 16, generator=gen, dtype=torch.float64) for _ in range(2))
+    slopes = None
+    if alibi == "batch":
+        slopes = torch.rand(2, H, generator=gen)
+    elif alibi:
+        slopes = alibi_slopes(H)
+    kwargs = dict(is_causal=causal, window_size=window, alibi_slopes=slopes, softcap=softcap)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flash_attention(*leaves, **kwargs, backend="torch")
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    ref = _fused_reference(*ref_leaves, is_causal=causal, window=window,
+                           slopes=None if slopes is None else slopes.double(), softcap=softcap)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref.backward(grad)
+    for got, want in zip(leaves, ref_leaves):
+        torch.testing.assert_close(got.grad, want.grad, atol=1e-10, rtol=1e-10)
+
+
+def test_fused_options_agree_with_the_books_own_masks_and_biases(gen):
+    """Independent references: the sparse chapter's sliding-window mask and the positional
+    chapter's ALiBi bias, through the readable attention."""
+    q, k, v = (torch.randn(1, 4, 64, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    window = sliding_window_mask(64, 6)
+    torch.testing.assert_close(flash_attention(q, k, v, window_size=(6, 6), backend="torch"),
+                               scaled_dot_product_attention(q, k, v, window), atol=1e-12, rtol=1e-12)
+    bias = alibi_bias(4, 64, is_causal=True).double()
+    torch.testing.assert_close(
+        flash_attention(q, k, v, is_causal=True, alibi_slopes=alibi_slopes(4), backend="torch"),
+        scaled_dot_product_attention(q, k, v, bias), atol=1e-12, rtol=1e-12)
+
+
+def test_tiles_outside_the_window_are_skipped(gen, monkeypatch):
+    """The tiled loop multiplies only the keys of key_range: at a fixed window the keys each
+    query tile touches stay bounded as the length grows (so the time grows linearly)."""
+    import attnbook.flash as flash
+
+    touched = []
+    real = flash._tile_scores
+    monkeypatch.setattr(flash, "_tile_scores", lambda qk, *a: (touched.append(qk.shape[-1]), real(qk, *a))[1])
+    q, k, v = (torch.randn(1, 1, 512, 8, generator=gen) for _ in range(3))
+    flash.tiled_attention_forward(q, k, v, window_size=(16, 0), block_q=128, block_k=128)
+    assert sum(touched) == 128 + 3 * (128 + 16)  # of 4 x 512 keys without the window
+    for n in (256, 1024, 4096):
+        spans = [hi - lo for lo, hi in (key_range(i0, i0 + 128, n, n, window_size=(16, 0))
+                                        for i0 in range(0, n, 128))]
+        assert max(spans) == 128 + 16
+    assert key_range(0, 128, 256, 256, is_causal=True) == (0, 128)
+    assert key_range(128, 256, 256, 256, window_size=(16, 16)) == (112, 256)
+    assert key_range(0, 10, 40, 17, is_causal=True)[1] <= 0  # L > S: these rows see nothing
+
+
+def test_fused_options_reject_bad_values(gen):
+    q = torch.randn(2, 3, 8, 4, generator=gen)
+    with pytest.raises(ValueError, match="window_size must be two integers"):
+        flash_attention(q, q, q, window_size=(-2, 0))
+    with pytest.raises(ValueError, match="window_size"):
+        flash_attention(q, q, q, window_size=4)
+    with pytest.raises(ValueError, match="softcap must be a number >= 0"):
+        flash_attention(q, q, q, softcap=-1.0)
+    with pytest.raises(ValueError, match=r"alibi_slopes must be a tensor of shape \(3,\) or \(2, 3\)"):
+        flash_attention(q, q, q, alibi_slopes=torch.ones(4))
+
+
+# --------------------------------------------------------------------------------------
+# Packed sequences (FlashAttention-2's varlen layout)
+# --------------------------------------------------------------------------------------
+def _packed(gen, lengths_q, lengths_k, H=4, H_kv=2, E=16, Ev=16, dtype=torch.float64):
+    q = torch.randn(sum(lengths_q), H, E, generator=gen, dtype=dtype)
+    k = torch.randn(sum(lengths_k), H_kv, E, generator=gen, dtype=dtype)
+    v = torch.randn(sum(lengths_k), H_kv, Ev, generator=gen, dtype=dtype)
+    cu_q = torch.tensor([0, *torch.tensor(lengths_q).cumsum(0).tolist()], dtype=torch.int32)
+    cu_k = torch.tensor([0, *torch.tensor(lengths_k).cumsum(0).tolist()], dtype=torch.int32)
+    return q, k, v, cu_q, cu_k
+
+
+@pytest.mark.parametrize("lengths_q, lengths_k, causal, window, softcap", [
+    ([5, 17, 1, 30], [5, 17, 1, 30], False, (-1, -1), 0.0),
+    ([5, 17, 1, 30], [5, 17, 1, 30], True, (-1, -1), 0.0),
+    ([3, 20, 12], [9, 20, 4], True, (4, -1), 1.5),  # L != S per sequence: bottom-right alignment
+    ([7, 0, 9], [7, 6, 9], False, (2, 2), 0.0),  # an empty query sequence
+])
+def test_varlen_equals_attention_on_each_sequence_alone(gen, lengths_q, lengths_k, causal, window, softcap):
+    q, k, v, cu_q, cu_k = _packed(gen, lengths_q, lengths_k)
+    slopes = torch.rand(len(lengths_q), 4, generator=gen)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    out = flash_attention_varlen(*leaves, cu_q, cu_k, max(lengths_q), max(lengths_k), is_causal=causal,
+                                 window_size=window, alibi_slopes=slopes, softcap=softcap, backend="torch")
+    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    outs = []  # the readable attention on each sequence alone, with its own slopes
+    for b in range(len(lengths_q)):
+        qb = ref_leaves[0][cu_q[b]:cu_q[b + 1]].transpose(0, 1)[None]
+        kb, vb = (t[cu_k[b]:cu_k[b + 1]].transpose(0, 1)[None] for t in ref_leaves[1:])
+        outs.append(_fused_reference(qb, kb, vb, is_causal=causal, window=window,
+                                     slopes=slopes[b].double(), softcap=softcap)[0].transpose(0, 1))
+    ref = torch.cat(outs)
+    assert out.shape == (sum(lengths_q), 4, 16)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref.backward(grad)
+    for got, want in zip(leaves, ref_leaves):
+        torch.testing.assert_close(got.grad, want.grad, atol=1e-10, rtol=1e-10)
+
+
+def test_no_token_attends_across_a_sequence_boundary(gen):
+    q, k, v, cu_q, cu_k = _packed(gen, [6, 9, 4], [6, 9, 4])
+    out = flash_attention_varlen(q, k, v, cu_q, cu_k, 9, 9, backend="torch")
+    k2, v2 = k.clone(), v.clone()
+    k2[6:15], v2[6:15] = 100.0, -100.0  # the second sequence's keys and values only
+    changed = flash_attention_varlen(q, k2, v2, cu_q, cu_k, 9, 9, backend="torch")
+    torch.testing.assert_close(changed[:6], out[:6])
+    torch.testing.assert_close(changed[15:], out[15:])
+    assert not torch.allclose(changed[6:15], out[6:15])
+
+
+def test_varlen_rejects_bad_offsets(gen):
+    q, k, v, cu_q, cu_k = _packed(gen, [3, 4], [3, 4])
+    with pytest.raises(ValueError, match="cu_seqlens_q must be a 1-D int32 tensor"):
+        flash_attention_varlen(q, k, v, cu_q.long(), cu_k, 4, 4)
+    with pytest.raises(ValueError, match="must rise from 0 to the 7 tokens"):
+        flash_attention_varlen(q, k, v, torch.tensor([0, 8, 7], dtype=torch.int32), cu_k, 8, 4)
+    with pytest.raises(ValueError, match="longer than the max_seqlen"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k, 3, 4)
+    with pytest.raises(ValueError, match="as many sequences"):
+        flash_attention_varlen(q, k, v, cu_q, torch.tensor([0, 7], dtype=torch.int32), 4, 7)
+    with pytest.raises(ValueError, match="packed"):
+        flash_attention_varlen(q[None], k[None], v[None], cu_q, cu_k, 4, 4)

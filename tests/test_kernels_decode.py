@@ -92,3 +92,33 @@ def test_num_splits_is_bounded_by_the_merge_kernels_tile():
     q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 40, 16)
     with pytest.raises(ValueError, match=f"num_splits must be between 1 and {MAX_SPLITS}"):
         decode_attention(q, k, k, torch.tensor([40]), num_splits=MAX_SPLITS + 1)
+
+
+@pytest.mark.parametrize("d, dv", [(8, 8), (40, 40), (256, 256), (24, 72), (64, 16)])
+def test_any_head_dim_up_to_256_and_values_of_another_width(d, dv):
+    g = torch.Generator().manual_seed(d + dv)
+    q = torch.randn(2, 4, 1, d, generator=g)
+    k = torch.randn(2, 2, 70, d, generator=g)
+    v = torch.randn(2, 2, 70, dv, generator=g)
+    seqlens = torch.tensor([70, 33])
+    out = decode_attention(q, k, v, seqlens, num_splits=3)
+    assert out.shape == (2, 4, 1, dv)
+    torch.testing.assert_close(out, reference(q, k, v, seqlens), atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="head_dim of q .* at most 256"):
+        decode_attention(torch.randn(1, 1, 1, 264), torch.randn(1, 1, 4, 264), torch.randn(1, 1, 4, 264),
+                         torch.tensor([4]))
+
+
+def test_cache_offsets_past_two_to_the_31_elements():
+    """Sequence 2 of a cache whose batch stride is 2^30 + 64 starts past 2^31 elements: 32-bit
+    offsets would wrap. The 4 GiB float16 storage is reserved; only the used slices are written."""
+    stride_b, S, d = 2**30 + 64, 40, 16
+    storage = torch.empty(2 * stride_b + S * d, dtype=torch.float16)
+    k = storage.as_strided((3, 1, S, d), (stride_b, S * d, d, 1))
+    g = torch.Generator().manual_seed(3)
+    for b in range(3):
+        k[b] = torch.randn(1, S, d, generator=g).half()
+    q, v = torch.randn(3, 1, 1, d, generator=g).half(), torch.randn(3, 1, S, d, generator=g).half()
+    seqlens = torch.tensor([40, 17, 33])
+    out = decode_attention(q, k, v, seqlens, num_splits=2)
+    torch.testing.assert_close(out.float(), reference(q, k, v, seqlens), atol=2e-3, rtol=2e-3)

@@ -16,43 +16,44 @@ on Colab asks first, "will the Triton kernels run here?":
 The rules, from Triton's and NVIDIA's documentation: Triton generates code for compute
 capability 7.0 and newer and lists 8.0+ (Ampere) as its supported NVIDIA hardware; its
 recent versions compute ``tl.dot`` on 7.x GPUs (V100, T4) without tensor cores, so the
-kernels are correct there but slow. bfloat16 needs 8.0+. The FlashAttention kernels take
-head dimensions 16, 32, 64 and 128.
+kernels are correct there but slow. bfloat16 needs 8.0+. The kernels take any head
+dimension up to 256 (padded to a power of two inside), and values as wide or narrow as
+the keys.
 
-And one rule from the kernels themselves: every kernel was compiled for the book's
+And one rule from the kernels themselves: every kernel, in every tile configuration its
+autotuner may choose (:mod:`attnbook.kernels.tuning`), was compiled for the book's
 targets without a GPU (``benchmarks/bench_kernel_compile.py``, stored in
 ``compiled.json`` beside this file, see :mod:`attnbook.kernels.compile`). A
 configuration whose shared memory exceeds its GPU's per-block limit would fail to
-launch, and float32 tiles that spill registers to local memory run far slower than
-PyTorch: :func:`plan` sends both to the PyTorch path and says why.
+launch, and tiles that spill registers to local memory run slowly: the autotuner only
+tries configurations that fit and do not spill, and :func:`plan` sends a kernel with
+none to the PyTorch path and says why (on 7.x GPUs, where every float16 tile spills,
+Triton still runs float16, and says so).
 """
 
 from __future__ import annotations
 
-import functools
 import importlib.metadata
 import importlib.util
-import json
 import os
 import textwrap
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 __all__ = [
-    "FLASH_HEAD_DIMS",
+    "MAX_HEAD_DIM",
+    "KernelSupport",
+    "compiled_fit",
     "plan",
     "plan_for",
-    "compiled_fit",
     "support",
-    "KernelSupport",
 ]
 
-#: Head dimensions the FlashAttention kernels are compiled for (one tile shape each).
-FLASH_HEAD_DIMS = (16, 32, 64, 128)
+#: The widest head the kernels take; narrower heads are padded to a power of two.
+MAX_HEAD_DIM = 256
 
-_KERNELS = ("flash", "decode")
+_KERNELS = ("flash", "block_sparse", "decode")
 
 
 def _triton_version() -> str | None:
@@ -66,57 +67,79 @@ def _triton_version() -> str | None:
         return "unknown"
 
 
-# the kernels each dispatcher launches (the block-sparse kernel has its own rules)
-_LAUNCHED = {
+#: The Triton kernels each dispatcher launches.
+LAUNCHED = {
     "flash": ("flash_fwd", "flash_bwd_delta", "flash_bwd_dkdv", "flash_bwd_dq"),
+    "block_sparse": (
+        "block_sparse_fwd",
+        "flash_bwd_delta",
+        "block_sparse_bwd_dkdv",
+        "block_sparse_bwd_dq",
+    ),
     "decode": ("decode_split", "decode_merge"),
 }
 
 
-@functools.cache
-def _compiled() -> list[dict]:
-    path = Path(__file__).with_name("compiled.json")
-    return json.loads(path.read_text())["kernels"] if path.exists() else []
-
-
 def compiled_fit(
-    kernel: str, capability: tuple[int, int], dtype: torch.dtype, head_dim: int
+    kernel: str,
+    capability: tuple[int, int],
+    dtype: torch.dtype,
+    head_dim: int,
+    block_size: int | None = None,
 ) -> tuple[str, str] | None:
-    """What the compiled table says of ``kernel``'s launches on ``capability``: ``None``
-    when all fit, ``("shared", why)`` when one needs more shared memory than a block
-    may have, ``("spill", why)`` when one spills registers. The nearest measured target
-    at or below ``capability`` stands in for it (8.7 -> 8.6, 10.0 -> 9.0)."""
-    measured = sorted({row["capability"] for row in _compiled()})
-    cc = capability[0] * 10 + capability[1]
-    below = [t for t in measured if t <= cc]
-    if not below:
-        return None
-    target, name = below[-1], str(dtype).removeprefix("torch.")
-    rows = [
-        row
-        for row in _compiled()
-        if row["capability"] == target
-        and row["dtype"] == name
-        and row["head_dim"] == head_dim
-        and row["kernel"] in _LAUNCHED[kernel]
-    ]
-    from .compile import TARGETS
+    """What the compiled table says of ``kernel``'s launches (``"flash"``,
+    ``"block_sparse"``, ``"decode"``) on a GPU of ``capability``.
 
+    ``None`` when every kernel launched has a configuration that fits: within the
+    per-block shared memory and without spills (the autotuner chooses among those; for
+    block-sparse masks, tiles no larger than ``block_size``). ``("shared", why)`` when
+    one has no configuration within the shared memory, ``("spill", why)`` when all of a
+    kernel's configurations that fit spill registers. The nearest measured target at or
+    below ``capability`` stands in for it (8.7 -> 8.6, 10.0 -> 9.0).
+    """
+    from .compile import TARGETS
+    from .tuning import _measured_target, _table, padded_head_dim
+
+    target = _measured_target(tuple(capability))
+    if target is None:
+        return None
+    name, width = str(dtype).removeprefix("torch."), padded_head_dim(head_dim)
     limit = TARGETS[target].shared
-    for row in rows:
-        if row["shared"] > limit:
-            return "shared", (
-                f"{row['kernel']} needs {row['shared'] // 1024} KiB of shared memory "
-                f"for head_dim {head_dim} in {name}; sm{target} allows "
-                f"{limit // 1024} KiB per block"
+    spills = []
+    for launched in LAUNCHED[kernel]:
+        rows = [
+            row
+            for (k, cc, dt, e, config), row in _table().items()
+            if (k, cc, dt, e) == (launched, target, name, width)
+            and (
+                block_size is None
+                or config is None
+                or max(config.block_m, config.block_n) <= block_size
             )
-    for row in rows:
-        if row["spill"]:
-            return "spill", (
-                f"{row['kernel']} spills {row['spill']} bytes per thread to local "
+        ]
+        if not rows:
+            continue  # not measured (another Triton's table): nothing to say
+        fixed = rows[0]["config"] is None  # one form per launch: all must fit
+        within = [row for row in rows if row["shared"] <= limit]
+        if (fixed and len(within) < len(rows)) or not within:
+            worst = (
+                max(rows, key=lambda row: row["shared"])
+                if fixed
+                else min(rows, key=lambda row: row["shared"])
+            )
+            return "shared", (
+                f"{launched} needs {worst['shared'] // 1024} KiB of shared memory "
+                f"{'' if fixed else 'in its smallest tile '}for head_dim {head_dim} "
+                f"in {name}; sm{target} allows {limit // 1024} KiB per block"
+            )
+        clean = [row for row in within if not row["spill"]]
+        if (fixed and len(clean) < len(within)) or not clean:
+            least = min(within, key=lambda row: row["spill"])
+            spills.append(
+                f"{launched} spills {least['spill']} bytes per thread to local "
                 f"memory for head_dim {head_dim} in {name} on sm{target}"
             )
-    return None
+    return ("spill", spills[0]) if spills else None
 
 
 def plan(
@@ -125,14 +148,16 @@ def plan(
     dtype: torch.dtype = torch.float16,
     head_dim: int = 64,
     triton_version: str | None = "installed",
+    block_size: int | None = None,
 ) -> tuple[str, str]:
-    """The backend ``"auto"`` picks for ``kernel`` (``"flash"`` or ``"decode"``), and
-    why.
+    """The backend ``"auto"`` picks for ``kernel`` (``"flash"``, ``"block_sparse"`` or
+    ``"decode"``), and why.
 
     ``capability`` is the GPU's compute capability ``(major, minor)`` (``None``: no CUDA
-    tensor), ``triton_version`` ``None`` when Triton is not installed. Returns
-    ``("triton", note)`` or ``("torch", reason)``; the note says when Triton runs but
-    without tensor cores (capability 7.x).
+    tensor), ``triton_version`` ``None`` when Triton is not installed, ``head_dim`` the
+    wider of the key and value widths, ``block_size`` the block of a block-sparse mask.
+    Returns ``("triton", note)`` or ``("torch", reason)``; the note says when Triton
+    runs but without tensor cores (capability 7.x).
     """
     if kernel not in _KERNELS:
         raise ValueError(f"kernel must be one of {_KERNELS}, got {kernel!r}")
@@ -158,23 +183,30 @@ def plan(
         )
     if dtype not in (torch.float16, torch.bfloat16, torch.float32):
         return "torch", f"the kernels take float16, bfloat16 or float32, not {dtype}"
-    if kernel == "flash" and head_dim not in FLASH_HEAD_DIMS:
-        return (
-            "torch",
-            f"head_dim {head_dim} is not one of the kernels' {FLASH_HEAD_DIMS}",
+    if head_dim > MAX_HEAD_DIM:
+        return "torch", f"head_dim {head_dim} is over the kernels' {MAX_HEAD_DIM}"
+    if kernel == "block_sparse" and (
+        block_size is None or block_size < 16 or block_size & (block_size - 1)
+    ):
+        return "torch", (
+            f"block_size {block_size}: the Triton kernel takes powers of two >= 16"
         )
-    misfit = compiled_fit(kernel, tuple(capability), dtype, head_dim)
-    if misfit is not None and (misfit[0] == "shared" or dtype == torch.float32):
+    misfit = compiled_fit(kernel, tuple(capability), dtype, head_dim, block_size)
+    tensor_cores = tuple(capability) >= (8, 0)
+    if misfit is not None and (
+        misfit[0] == "shared" or dtype == torch.float32 or tensor_cores
+    ):
         return "torch", misfit[1] + (
             ": it would not launch"
             if misfit[0] == "shared"
             else ": slower than PyTorch"
         )
-    if tuple(capability) < (8, 0):
+    if not tensor_cores:
         return "triton", (
             "runs, but Triton computes tl.dot without tensor cores on compute "
             "capability "
             f"{capability[0]}.{capability[1]}: correct and slower than on 8.0+"
+            + (f" ({misfit[1]})" if misfit else "")
         )
     return (
         "triton",
@@ -183,18 +215,17 @@ def plan(
 
 
 def plan_for(
-    kernel: str, x: torch.Tensor, v: torch.Tensor | None = None
+    kernel: str,
+    x: torch.Tensor,
+    v: torch.Tensor | None = None,
+    block_size: int | None = None,
 ) -> tuple[str, str]:
     """:func:`plan` for queries ``x`` shaped ``(..., head_dim)`` (their device, dtype
-    and last dim) and, if given, values ``v``: the Triton kernels need values as wide as
-    the keys, so a different value width runs the PyTorch path."""
-    if v is not None and v.shape[-1] != x.shape[-1]:
-        return "torch", (
-            f"value width {v.shape[-1]} differs from head_dim {x.shape[-1]}: the "
-            "Triton kernels need equal widths"
-        )
+    and last dim), values ``v`` if given (the wider of the two widths decides) and a
+    block-sparse mask's ``block_size``."""
+    width = max(x.shape[-1], v.shape[-1] if v is not None else 0)
     capability = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
-    return plan(kernel, capability, x.dtype, x.shape[-1], _triton_version())
+    return plan(kernel, capability, x.dtype, width, _triton_version(), block_size)
 
 
 @dataclass(frozen=True)
@@ -252,7 +283,7 @@ def support(device: torch.device | str | None = None) -> KernelSupport:
         (kernel, str(dtype).removeprefix("torch.")): plan(
             kernel, capability, dtype, 64, version
         )
-        for kernel in _KERNELS
+        for kernel in ("flash", "decode")
         for dtype in (torch.float16, torch.bfloat16, torch.float32)
     }
     return KernelSupport(

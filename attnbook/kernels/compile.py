@@ -20,7 +20,7 @@ import os
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import torch
@@ -54,7 +54,8 @@ TARGETS = {
 class Resources:
     """What one compiled kernel needs on its target: shared memory (bytes per block),
     registers per thread, and local memory per thread (spilled registers and stack,
-    bytes)."""
+    bytes). ``config`` is the tile configuration ``(block_m, block_n, num_warps,
+    num_stages)`` for kernels with several (:data:`attnbook.kernels.tuning.SPACE`)."""
 
     kernel: str
     label: str
@@ -65,6 +66,7 @@ class Resources:
     registers: int
     local: int
     stack: int
+    config: tuple[int, int, int, int] | None = None
 
 
 def fits(resources: Resources) -> tuple[bool, str]:
@@ -105,7 +107,10 @@ def _compile_one(module: str, kwargs: dict, index: int, capability: int) -> dict
 
     variant = importlib.import_module(module).variants(**kwargs)[index]
     source = ASTSource(
-        fn=variant.fn, signature=variant.signature, constexprs=variant.constexprs
+        fn=variant.fn,
+        signature=variant.signature,
+        constexprs=variant.constexprs,
+        attrs=variant.attrs,
     )
     compiled = triton.compile(
         source,
@@ -121,13 +126,14 @@ def _compile_one(module: str, kwargs: dict, index: int, capability: int) -> dict
             text=True,
             check=True,
         ).stdout
-    usage = dict(
-        (key, int(value))
+    usage = {
+        key: int(value)
         for key, value in re.findall(r"(REG|STACK|SHARED|LOCAL):(\d+)", text)
-    )
+    }
     return {
         "kernel": variant.kernel,
         "label": variant.label,
+        "config": None if variant.config is None else list(astuple(variant.config)),
         "shared": max(compiled.metadata.shared, usage.get("SHARED", 0)),
         "registers": usage.get("REG", 0),
         "local": usage.get("LOCAL", 0),
@@ -175,7 +181,7 @@ def compile_variants(
             capability=job[3],
             dtype=str(job[1]["dtype"]).removeprefix("torch."),
             head_dim=job[1]["head_dim"],
-            **result,
+            **{**result, "config": result["config"] and tuple(result["config"])},
         )
         for job, result in zip(jobs, done, strict=True)
     ]

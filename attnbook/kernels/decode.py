@@ -34,9 +34,12 @@ import triton.language as tl
 
 from ..contract import check_decode
 
-__all__ = ["decode_attention", "default_num_splits", "variants"]
+__all__ = ["MAX_HEAD_DIM", "decode_attention", "default_num_splits", "variants"]
 
-BLOCK_N = 32  # keys per tile
+BLOCK_N = 32  # keys per split at least (and per tile, for head dims up to 64)
+MERGE_CHUNK = 16  # splits the merge kernel adds up at a time
+#: The widest head the kernel takes (keys and values are padded to a power of two).
+MAX_HEAD_DIM = 256
 
 
 @triton.jit
@@ -70,36 +73,37 @@ def _split_kernel(
     group,
     split_len,
     head_dim,
+    v_dim,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
 ):
     """Program ``(b * n_heads + h, s)``: online softmax over keys ``[s * split_len, (s +
     1) * split_len)`` that are below ``seqlens[b]``; writes ``o_s`` (normalized) and
-    ``lse_s = m + log l``."""
+    ``lse_s = m + log l``. Batch and head offsets are 64-bit."""
     bh, split = tl.program_id(0), tl.program_id(1)
-    b, h = bh // n_heads, bh % n_heads
+    seqlen = tl.load(SEQLENS + bh // n_heads)
+    b, h = (bh // n_heads).to(tl.int64), (bh % n_heads).to(tl.int64)
     kv_h = h // group
-    seqlen = tl.load(SEQLENS + b)
     start = split * split_len
     end = tl.minimum(start + split_len, seqlen)
-    offs_d = tl.arange(0, BLOCK_D)
-    mask_d = offs_d < head_dim
+    offs_d, offs_dv = tl.arange(0, BLOCK_D), tl.arange(0, BLOCK_DV)
+    mask_d, mask_dv = offs_d < head_dim, offs_dv < v_dim
     q = tl.load(
         Q + b * stride_qb + h * stride_qh + offs_d * stride_qd, mask=mask_d, other=0.0
     ).to(tl.float32)
     q = q * scale
     m = tl.full([1], float("-inf"), tl.float32)
     l = tl.zeros([1], tl.float32)
-    acc = tl.zeros([BLOCK_D], tl.float32)
+    acc = tl.zeros([BLOCK_DV], tl.float32)
     k_base = K + b * stride_kb + kv_h * stride_kh
     v_base = V + b * stride_vb + kv_h * stride_vh
     for n0 in range(start, end, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         mask_n = offs_n < end
-        tile_mask = mask_n[:, None] & mask_d[None, :]
         k = tl.load(
             k_base + offs_n[:, None] * stride_ks + offs_d[None, :] * stride_kd,
-            mask=tile_mask,
+            mask=mask_n[:, None] & mask_d[None, :],
             other=0.0,
         )
         x = tl.sum(q[None, :] * k.to(tl.float32), axis=1)  # (BLOCK_N,) scores
@@ -109,8 +113,8 @@ def _split_kernel(
         p = tl.exp(x - m_new)
         alpha = tl.exp(m - m_new)  # rescales what was accumulated under the old maximum
         v = tl.load(
-            v_base + offs_n[:, None] * stride_vs + offs_d[None, :] * stride_vd,
-            mask=tile_mask,
+            v_base + offs_n[:, None] * stride_vs + offs_dv[None, :] * stride_vd,
+            mask=mask_n[:, None] & mask_dv[None, :],
             other=0.0,
         )
         acc = acc * alpha + tl.sum(p[:, None] * v.to(tl.float32), axis=0)
@@ -120,9 +124,13 @@ def _split_kernel(
     out = acc / tl.where(empty, 1.0, l)
     lse = tl.where(empty, float("-inf"), m + tl.log(tl.where(empty, 1.0, l)))
     tl.store(
-        O_PART + b * stride_ob + h * stride_oh + split * stride_os + offs_d * stride_od,
+        O_PART
+        + b * stride_ob
+        + h * stride_oh
+        + split * stride_os
+        + offs_dv * stride_od,
         out,
-        mask=mask_d,
+        mask=mask_dv,
     )
     tl.store(
         LSE_PART + b * stride_lb + h * stride_lh + split * stride_ls + tl.arange(0, 1),
@@ -150,32 +158,37 @@ def _merge_kernel(
     head_dim,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    MERGE_CHUNK: tl.constexpr,
 ):
     """Program ``b * n_heads + h``: ``o = sum_s w_s o_s`` with ``w_s =
-    softmax_s(lse_s)``; zeros if all empty."""
+    softmax_s(lse_s)``; zeros if all empty. The splits' log-sum-exps are read at once
+    (``BLOCK_S``), their outputs ``MERGE_CHUNK`` splits at a time, so the tile held in
+    registers stays ``MERGE_CHUNK x BLOCK_D`` however many splits there are."""
     bh = tl.program_id(0)
-    b, h = bh // n_heads, bh % n_heads
+    b, h = (bh // n_heads).to(tl.int64), (bh % n_heads).to(tl.int64)
+    LSE_PART += b * stride_lb + h * stride_lh
+    O_PART += b * stride_ob + h * stride_oh
     offs_s, offs_d = tl.arange(0, BLOCK_S), tl.arange(0, BLOCK_D)
-    mask_s, mask_d = offs_s < num_splits, offs_d < head_dim
+    mask_d = offs_d < head_dim
     lse = tl.load(
-        LSE_PART + b * stride_lb + h * stride_lh + offs_s * stride_ls,
-        mask=mask_s,
-        other=float("-inf"),
+        LSE_PART + offs_s * stride_ls, mask=offs_s < num_splits, other=float("-inf")
     )
     top = tl.max(lse, axis=0)
     top = tl.where(top == float("-inf"), 0.0, top)
-    w = tl.where(lse == float("-inf"), 0.0, tl.exp(lse - top))
-    o = tl.load(
-        O_PART
-        + b * stride_ob
-        + h * stride_oh
-        + offs_s[:, None] * stride_os
-        + offs_d[None, :] * stride_od,
-        mask=mask_s[:, None] & mask_d[None, :],
-        other=0.0,
-    )
-    total = tl.sum(w, axis=0)
-    out = tl.sum(w[:, None] * o, axis=0) / tl.where(total == 0.0, 1.0, total)
+    total = tl.sum(tl.where(lse == float("-inf"), 0.0, tl.exp(lse - top)), axis=0)
+    acc = tl.zeros([BLOCK_D], tl.float32)
+    for s0 in range(0, num_splits, MERGE_CHUNK):
+        offs_c = s0 + tl.arange(0, MERGE_CHUNK)
+        mask_c = offs_c < num_splits
+        lse_c = tl.load(LSE_PART + offs_c * stride_ls, mask=mask_c, other=-float("inf"))
+        w = tl.where(lse_c == float("-inf"), 0.0, tl.exp(lse_c - top))
+        o = tl.load(
+            O_PART + offs_c[:, None] * stride_os + offs_d[None, :] * stride_od,
+            mask=mask_c[:, None] & mask_d[None, :],
+            other=0.0,
+        )
+        acc += tl.sum(w[:, None] * o, axis=0)
+    out = acc / tl.where(total == 0.0, 1.0, total)
     tl.store(
         OUT + b * stride_outb + h * stride_outh + offs_d * stride_outd,
         out.to(OUT.dtype.element_ty),
@@ -208,56 +221,56 @@ def _block_d(head_dim: int) -> int:
     return max(16, triton.next_power_of_2(head_dim))
 
 
-def variants(dtype: torch.dtype, head_dim: int) -> list:
-    """The compiled forms :func:`decode_attention` launches on a GPU for ``dtype`` and
-    ``head_dim``: the split kernel and the merge kernel (one per ``BLOCK_S`` in
-    ``MERGE_BLOCKS``), as :class:`attnbook.kernels.variants.Variant`."""
-    from .variants import Variant, parameters
+def _tile_n(block_d: int) -> int:
+    """Keys per tile of the split kernel: 32 for heads up to 64 wide, fewer for wider
+    ones, so the ``keys x head`` tile it holds in float32 registers stays at 2,048
+    values (32 x 128 and 16 x 256 spilled on an H100)."""
+    return min(BLOCK_N, 2048 // block_d)
+
+
+def variants(dtype: torch.dtype, head_dim: int, v_dim: int | None = None) -> list:
+    """The compiled forms :func:`decode_attention` launches on a GPU for ``dtype``,
+    ``head_dim`` and value width ``v_dim`` (default ``head_dim``): the split kernel
+    and the merge kernel (one per ``BLOCK_S`` in ``MERGE_BLOCKS``), as
+    :class:`attnbook.kernels.variants.Variant`."""
+    from .variants import Variant, specialize
 
     names = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
     if dtype not in names:
         raise ValueError(f"dtype must be one of {list(names)}, got {dtype}")
-
-    def signature(fn, typed):
-        return {
-            name: "constexpr" if constexpr else typed.get(name, "i32")
-            for name, constexpr in parameters(fn)
-        }
-
     data = "*" + names[dtype]
-    split = signature(
-        _split_kernel,
-        {
-            "Q": data,
-            "K": data,
-            "V": data,
-            "SEQLENS": "*i32",
-            "O_PART": "*fp32",
-            "LSE_PART": "*fp32",
-            "scale": "fp32",
-        },
-    )
-    merge = signature(
-        _merge_kernel, {"O_PART": "*fp32", "LSE_PART": "*fp32", "OUT": data}
-    )
-    block_d = _block_d(head_dim)
-    return [
-        Variant(
+    v_dim = head_dim if v_dim is None else v_dim
+    split = {"Q": data, "K": data, "V": data, "SEQLENS": "*i32", "scale": "fp32"}
+    split |= {"O_PART": "*fp32", "LSE_PART": "*fp32"}
+    merge = {"O_PART": "*fp32", "LSE_PART": "*fp32", "OUT": data}
+
+    def variant(kernel, fn, types, constexprs):
+        signature, constants, attrs = specialize(fn, types, constexprs)
+        return Variant(kernel, fn, signature, constants, attrs=attrs)
+
+    block_d, block_dv = _block_d(head_dim), _block_d(v_dim)
+    found = [
+        variant(
             "decode_split",
             _split_kernel,
             split,
-            {"BLOCK_N": BLOCK_N, "BLOCK_D": block_d},
-        ),
-        *[
-            Variant(
+            {
+                "BLOCK_N": _tile_n(max(block_d, block_dv)),
+                "BLOCK_D": block_d,
+                "BLOCK_DV": block_dv,
+            },
+        )
+    ]
+    for block_s in MERGE_BLOCKS:
+        found.append(
+            variant(
                 "decode_merge",
                 _merge_kernel,
                 merge,
-                {"BLOCK_S": block_s, "BLOCK_D": block_d},
+                {"BLOCK_S": block_s, "BLOCK_D": block_dv, "MERGE_CHUNK": MERGE_CHUNK},
             )
-            for block_s in MERGE_BLOCKS
-        ],
-    ]
+        )
+    return found
 
 
 def decode_attention(
@@ -269,23 +282,26 @@ def decode_attention(
     num_splits: int | None = None,
     scale: float | None = None,
 ) -> torch.Tensor:
-    """Split-KV attention of one query per sequence: ``(batch, heads, 1, head_dim)``
-    over the first ``cache_seqlens[b]`` positions of ``k_cache, v_cache: (batch,
-    kv_heads, max_len, head_dim)``.
+    """Split-KV attention of one query per sequence: ``q (batch, heads, 1, head_dim)``
+    over the first ``cache_seqlens[b]`` positions of ``k_cache (batch, kv_heads,
+    max_len, head_dim)`` and ``v_cache (batch, kv_heads, max_len, v_dim)``, in any
+    strides (a slice of a larger cache is read where it lies); head dims up to 256.
 
-    Equal to ``softmax(q k^T * scale) v`` (``scale`` default ``1 / sqrt(d)``) over each
-    valid prefix; a sequence of length
-    0 gets zeros. ``num_splits`` defaults to :func:`default_num_splits`. Two launches:
+    Equal to ``softmax(q k^T * scale) v`` (``scale`` default ``1 / sqrt(head_dim)``)
+    over each valid prefix: ``(batch, heads, 1, v_dim)``; a sequence of length 0 gets
+    zeros. ``num_splits`` defaults to :func:`default_num_splits`. Two launches:
     ``_split_kernel`` on a ``(batch * heads, num_splits)`` grid, then ``_merge_kernel``
     on ``(batch * heads,)``.
     """
     check_decode("decode_attention", q, k_cache, v_cache, cache_seqlens)
-    if v_cache.shape[-1] != k_cache.shape[-1]:
-        raise ValueError(
-            "decode_attention: the Triton kernel needs v_cache as wide as k_cache, got "
-            f"{tuple(v_cache.shape)} and {tuple(k_cache.shape)}; use backend='torch'"
-        )
+    for name, t in (("q", q), ("v_cache", v_cache)):
+        if not 1 <= t.shape[-1] <= MAX_HEAD_DIM:
+            raise ValueError(
+                f"decode_attention: the head_dim of {name} {tuple(t.shape)} must be "
+                f"at most {MAX_HEAD_DIM} for the Triton kernel, got {t.shape[-1]}"
+            )
     B, H, _, d = q.shape
+    dv = v_cache.shape[-1]
     S = k_cache.shape[2]
     num_splits = num_splits or default_num_splits(B * H, S)
     if not 1 <= num_splits <= MAX_SPLITS:
@@ -295,10 +311,9 @@ def decode_attention(
         )
     split_len = max(1, math.ceil(S / num_splits))
     seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
-    o_part = torch.empty(B, H, num_splits, d, dtype=torch.float32, device=q.device)
+    o_part = torch.empty(B, H, num_splits, dv, dtype=torch.float32, device=q.device)
     lse_part = torch.empty(B, H, num_splits, dtype=torch.float32, device=q.device)
-    out = torch.empty_like(q)
-    block_d = _block_d(d)
+    out = torch.empty_like(q) if dv == d else q.new_empty(B, H, 1, dv)
     _split_kernel[(B * H, num_splits)](
         q,
         k_cache,
@@ -318,8 +333,10 @@ def decode_attention(
         H // k_cache.shape[1],
         split_len,
         d,
-        BLOCK_N=BLOCK_N,
-        BLOCK_D=block_d,
+        dv,
+        BLOCK_N=_tile_n(max(_block_d(d), _block_d(dv))),
+        BLOCK_D=_block_d(d),
+        BLOCK_DV=_block_d(dv),
     )
     _merge_kernel[(B * H,)](
         o_part,
@@ -332,8 +349,9 @@ def decode_attention(
         out.stride(3),
         H,
         num_splits,
-        d,
+        dv,
         BLOCK_S=max(16, triton.next_power_of_2(num_splits)),
-        BLOCK_D=block_d,
+        BLOCK_D=_block_d(dv),
+        MERGE_CHUNK=MERGE_CHUNK,
     )
     return out

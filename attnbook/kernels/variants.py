@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 
-__all__ = ["Variant", "parameters"]
+__all__ = ["Variant", "parameters", "specialize"]
 
 
 def parameters(fn) -> list[tuple[str, bool]]:
@@ -27,6 +27,32 @@ def parameters(fn) -> list[tuple[str, bool]]:
     ]
 
 
+def specialize(
+    fn, types: dict[str, str], constexprs: dict[str, object]
+) -> tuple[dict[str, str], dict[str, object], dict[tuple[int], list]]:
+    """How a launch on contiguous, freshly allocated tensors specializes kernel ``fn``:
+    ``(signature, constexprs, attrs)`` for ``triton.compile``.
+
+    ``types`` gives the Triton type of the runtime parameters that are not ``i32``
+    (pointers ``"*fp16"``, scales ``"fp32"``). A stride named ``stride_*d`` (the last
+    dimension's) is the constant 1, as Triton specializes an integer argument equal to
+    1; pointers (16-byte aligned allocations) and the other strides (multiples of a
+    head dim >= 16) carry ``tt.divisibility`` 16, as Triton marks such arguments.
+    """
+    signature, constants, attrs = {}, dict(constexprs), {}
+    for index, (name, is_constexpr) in enumerate(parameters(fn)):
+        if is_constexpr:
+            signature[name] = "constexpr"
+            continue
+        if name.startswith("stride_") and name.endswith("d"):
+            signature[name], constants[name] = "constexpr", 1
+            continue
+        signature[name] = types.get(name, "i32")
+        if signature[name].startswith("*") or name.startswith("stride_"):
+            attrs[(index,)] = [["tt.divisibility", 16]]
+    return signature, constants, attrs
+
+
 @dataclass(frozen=True)
 class Variant:
     """One compiled form of a Triton kernel.
@@ -35,7 +61,10 @@ class Variant:
     ``@triton.jit`` function; ``signature`` maps every parameter to Triton's type string
     (``"*fp16"``, ``"i32"``, ``"i64"``, ``"fp32"``, ``"constexpr"``); ``constexprs``
     gives the compile-time constants; ``num_warps`` and ``num_stages`` are the launch
-    options.
+    options; ``config`` is the :class:`attnbook.kernels.tuning.Config` it was made
+    from (``None`` for kernels with one fixed form); ``attrs`` are the argument
+    properties a launch specializes on (Triton's ``tt.divisibility`` of pointers and
+    strides).
     """
 
     kernel: str
@@ -44,11 +73,17 @@ class Variant:
     constexprs: dict[str, object] = field(compare=False)
     num_warps: int = 4
     num_stages: int = 3
+    config: object = None
+    attrs: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def label(self) -> str:
         """The kernel and its constants, as one readable string."""
-        consts = ", ".join(f"{k}={v}" for k, v in self.constexprs.items())
+        consts = ", ".join(
+            f"{k}={v}"
+            for k, v in self.constexprs.items()
+            if not k.startswith("stride_")  # the unit strides of a contiguous launch
+        )
         return (
             f"{self.kernel}[{consts}; warps={self.num_warps}, stages={self.num_stages}]"
         )
