@@ -128,6 +128,44 @@ def _ratio_without_at_least_one_row(n, sram_bytes, bytes_per_element=2):
     return _ratio(n, sram_bytes, bytes_per_element, floor_1=False)
 
 
+# flash-window-key-range: the book's solution with one thing changed
+def _window(i0, i1, L, S, left, right, *, aligned=True, plus_one=1, clamp=True):
+    shift = S - L if aligned else 0
+    lo = 0 if left < 0 else i0 + shift - left
+    hi = S if right < 0 else i1 - 1 + shift + right + plus_one
+    return (max(0, lo), min(S, hi)) if clamp else (lo, hi)
+
+
+def _window_top_left(i0, i1, L, S, left, right):
+    return _window(i0, i1, L, S, left, right, aligned=False)
+
+
+def _window_without_plus_one(i0, i1, L, S, left, right):
+    return _window(i0, i1, L, S, left, right, plus_one=0)
+
+
+def _window_unclamped(i0, i1, L, S, left, right):
+    return _window(i0, i1, L, S, left, right, clamp=False)
+
+
+# flash-packed-positions: the book's solution with one thing changed
+def _packed(cu_seqlens, *, restart=True, first_id=0):
+    lengths = cu_seqlens[1:] - cu_seqlens[:-1]
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), lengths)
+    pos = torch.arange(int(cu_seqlens[-1]))
+    if restart:
+        pos = pos - cu_seqlens[:-1].long()[doc]
+    return doc + first_id, pos
+
+
+def _packed_positions_run_on(cu_seqlens):
+    return _packed(cu_seqlens, restart=False)
+
+
+def _packed_ids_from_one(cu_seqlens):
+    return _packed(cu_seqlens, first_id=1)
+
+
 MISTAKES = [
     Mistake("flash-merge-states", "l_a + l_b without rescaling", _merge_without_rescaling,
             ("for blocks of 3 and 5 scores", "You added l_a + l_b", "l_x * exp(m_x - m)")),
@@ -179,6 +217,19 @@ MISTAKES = [
             _ratio_without_at_least_one_row,
             ("for n=100, sram_bytes=1000, bytes_per_element=2 your code divides by zero", "0 at d = 128",
              "B = max(1, M // (4 d))")),
+    Mistake("flash-window-key-range", "top-left alignment", _window_top_left,
+            ("queries 0..4 of L=5 against S=12 keys, window (left=3, right=-1)", "[lo, hi) = (4, 12)",
+             "you returned (0, 12)", "top-left aligned")),
+    Mistake("flash-window-key-range", "hi without + 1", _window_without_plus_one,
+            ("queries 0..3 of L=8 against S=8 keys, window (left=2, right=2)", "you returned (0, 5)",
+             "hi = last + 1")),
+    Mistake("flash-window-key-range", "not clamped to [0, S]", _window_unclamped,
+            ("queries 0..3 of L=8 against S=8 keys, window (left=2, right=2)", "you returned (-2, 6)")),
+    Mistake("flash-packed-positions", "positions run on across documents", _packed_positions_run_on,
+            ("positions for cu_seqlens=[0, 3, 5, 9]", "expected [0, 1, 2, 0, 1, 0, 1, 2, 3]",
+             "each document starts again at 0")),
+    Mistake("flash-packed-positions", "document ids from 1", _packed_ids_from_one,
+            ("document ids for cu_seqlens=[0, 3, 5, 9]", "Your ids count from 1")),
 ]
 
 test_wrong_answers = mistake_test(MISTAKES)

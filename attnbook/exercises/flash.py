@@ -432,3 +432,161 @@ def _check_io_head_dim(student) -> None:
             f"{flash[64]} at d=64, a ratio of {expected:.6g}."
             + _io_slip(student, cases)
         )
+
+
+def _window_slip(student, calls) -> str:
+    """What a plausible wrong window range did, or ''."""
+
+    def top_left(i0, i1, L, S, left, right):
+        return _tight(i0, i1, L, S, S, left, right)
+
+    def no_plus_one(i0, i1, L, S, left, right):
+        lo, _ = _tight(i0, i1, L, L, S, left, right)
+        return lo, S if right < 0 else min(S, i1 - 1 + S - L + right)
+
+    slips = [
+        (
+            top_left,
+            "Your range is top-left aligned: with L != S query i sits at position "
+            "i + S - L among the keys, and the window is centred there.",
+        ),
+        (
+            no_plus_one,
+            "Your hi is the last visible key: a half-open range [lo, hi) needs hi = "
+            "last + 1.",
+        ),
+    ]
+    visible = [c for c in calls if _tight(c[0], c[1], c[2], c[2], *c[3:])[1] > 0]
+    for slip, note in slips:
+        try:
+            if all(_same_range(student(*c), slip(*c), c) for c in visible[:40]):
+                return " " + note
+        except Exception:
+            continue
+    return ""
+
+
+def _tight(i0, i1, L, aligned_to, S, left, right):
+    """The keys rows ``i0 .. i1 - 1`` may see, from a dense mask: row ``i`` sits at key
+    position ``i + S - aligned_to`` (``aligned_to = L``: bottom-right; ``S``:
+    top-left)."""
+    rows = torch.arange(i0, i1)[:, None] + (S - aligned_to)
+    cols = torch.arange(S)[None, :]
+    allowed = torch.ones(i1 - i0, S, dtype=torch.bool)
+    if left >= 0:
+        allowed &= cols >= rows - left
+    if right >= 0:
+        allowed &= cols <= rows + right
+    seen = allowed.any(dim=0).nonzero()
+    if len(seen) == 0:
+        return 0, 0
+    return int(seen.min()), int(seen.max()) + 1
+
+
+def _same_range(got, expected, call) -> bool:
+    lo, hi = (int(x) for x in got)
+    if expected[1] <= expected[0]:  # nothing visible: any empty range will do
+        return hi <= lo
+    return (lo, hi) == expected
+
+
+@register(
+    "flash-window-key-range",
+    hint="query i sits at position i + S - L among the keys and sees keys j in "
+    "[i + S - L - left, i + S - L + right]; take the first row's lower end and the "
+    "last row's upper end + 1, clamped to [0, S]; -1 means no bound on that side.",
+)
+def _check_window_key_range(student) -> None:
+    """``student(i0, i1, L, S, left, right)`` must return the half-open range of keys
+    ``[lo, hi)`` that queries ``i0 .. i1 - 1`` see under a sliding window, against a
+    dense mask; any empty range is accepted when no key is visible."""
+    gen = generator(17)
+    calls = [
+        (0, 4, 8, 8, 2, 2),
+        (4, 8, 8, 8, 2, 0),
+        (0, 5, 5, 12, 3, -1),  # L < S: the window sits at the end of the keys
+        (6, 12, 12, 7, -1, 1),  # L > S: the first rows see few keys or none
+        (0, 4, 12, 7, 1, 1),
+    ]
+    for _ in range(60):
+        L, S = (int(x) for x in torch.randint(1, 40, (2,), generator=gen))
+        i0 = int(torch.randint(0, L, (1,), generator=gen))
+        i1 = int(torch.randint(i0 + 1, L + 1, (1,), generator=gen))
+        left, right = (int(x) for x in torch.randint(-1, 12, (2,), generator=gen))
+        calls.append((i0, i1, L, S, left, right))
+    for call in calls:
+        i0, i1, L, S, left, right = call
+        expected = _tight(i0, i1, L, L, S, left, right)
+        got = student(*call)
+        try:
+            ok = _same_range(got, expected, call)
+        except (TypeError, ValueError):
+            raise AssertionError(
+                f"window_key_range{call} must return two integers (lo, hi), got "
+                f"{got!r}."
+            ) from None
+        if not ok:
+            seen = (
+                f"they see keys {expected[0]}..{expected[1] - 1}"
+                if expected[1] > expected[0]
+                else "they see no key"
+            )
+            raise AssertionError(
+                f"queries {i0}..{i1 - 1} of L={L} against S={S} keys, window "
+                f"(left={left}, right={right}): {seen}, so [lo, hi) = {expected}; "
+                f"you returned {tuple(got)}." + _window_slip(student, calls)
+            )
+
+
+@register(
+    "flash-packed-positions",
+    hint="token t belongs to the document b with cu_seqlens[b] <= t < "
+    "cu_seqlens[b + 1] (counted from 0), and its position restarts at 0 where its "
+    "document starts: t - cu_seqlens[b].",
+)
+def _check_packed_positions(student) -> None:
+    """``student(cu_seqlens)`` must return ``(document ids, positions)`` of every packed
+    token, both ``(total,)`` integer tensors, against a loop over the documents."""
+    gen = generator(23)
+    cases = [[0, 3, 5, 9], [0, 1], [0, 4, 4, 7]]  # an empty document in the last
+    for _ in range(5):
+        lengths = torch.randint(0, 9, (int(torch.randint(1, 6, (1,), generator=gen)),),
+                                generator=gen)  # fmt: skip
+        cases.append([0, *lengths.cumsum(0).tolist()])
+    for offsets in cases:
+        cu = torch.tensor(offsets, dtype=torch.int32)
+        ids = [
+            b
+            for b in range(len(offsets) - 1)
+            for _ in range(offsets[b + 1] - offsets[b])
+        ]
+        pos = [
+            t
+            for b in range(len(offsets) - 1)
+            for t in range(offsets[b + 1] - offsets[b])
+        ]
+        got = student(cu)
+        if not isinstance(got, (tuple, list)) or len(got) != 2:
+            raise AssertionError(
+                f"packed_positions must return (document_ids, positions), got {got!r}."
+            )
+        doc, position = (torch.as_tensor(x) for x in got)
+        what = f"cu_seqlens={offsets}"
+        if doc.tolist() != ids:
+            note = ""
+            if doc.numel() == len(ids) and (doc - 1).tolist() == ids:
+                note = " Your ids count from 1: the first document is 0."
+            raise AssertionError(
+                f"document ids for {what}: expected {ids}, got {doc.tolist()}." + note
+            )
+        if position.tolist() != pos:
+            note = ""
+            if position.tolist() == list(range(len(pos))):
+                note = (
+                    " Your positions run on across documents: each document starts "
+                    "again at 0 (else the second one is encoded as if it continued "
+                    "the first)."
+                )
+            raise AssertionError(
+                f"positions for {what}: expected {pos}, got {position.tolist()}." + note
+            )
