@@ -53,6 +53,7 @@ from .positional import (
 
 __all__ = [
     "POSITIONAL_SCHEMES",
+    "RMSNorm",
     "TransformerConfig",
     "Attention",
     "MLP",
@@ -68,8 +69,16 @@ POSITIONAL_SCHEMES = ("none", "sinusoidal", "learned", "t5", "alibi", "rope")
 
 @dataclass
 class TransformerConfig:
-    """Sizes and the positional scheme. ``max_len`` is the size of the ``learned``
-    table; every other scheme runs at any length."""
+    """Sizes, the positional scheme and the block's variant. ``max_len`` is the size of
+    the ``learned`` table; every other scheme runs at any length.
+
+    The block: ``norm`` is ``"layernorm"`` or ``"rmsnorm"`` (:class:`RMSNorm`);
+    ``norm_position`` ``"pre"`` (GPT-2: ``x + f(norm(x))``) or ``"post"`` (Vaswani et
+    al.: ``norm(x + f(x))``); ``mlp`` ``"gelu"`` or ``"swiglu"`` (Shazeer, 2020, with
+    the hidden width ``8 d / 3`` so its three matrices hold as many weights as GELU's
+    two of width ``4 d``); ``tie_weights`` makes the output head the token embedding
+    (Press and Wolf, 2017). The defaults are the pre-norm GELU block every chapter
+    trained before these options existed."""
 
     vocab_size: int = 32
     d_model: int = 64
@@ -83,6 +92,10 @@ class TransformerConfig:
     rope_base: float = 10000.0
     t5_num_buckets: int = 32
     t5_max_distance: int = 128
+    norm: str = "layernorm"  # or "rmsnorm"
+    norm_position: str = "pre"  # or "post" (Vaswani et al.)
+    mlp: str = "gelu"  # or "swiglu"
+    tie_weights: bool = False  # the output head shares the token embedding
 
     def __post_init__(self):
         if self.positional not in POSITIONAL_SCHEMES:
@@ -90,6 +103,15 @@ class TransformerConfig:
                 f"positional must be one of {POSITIONAL_SCHEMES}, got "
                 f"{self.positional!r}"
             )
+        for name, allowed in (
+            ("norm", ("layernorm", "rmsnorm")),
+            ("norm_position", ("pre", "post")),
+            ("mlp", ("gelu", "swiglu")),
+        ):
+            if getattr(self, name) not in allowed:
+                raise ValueError(
+                    f"{name} must be one of {allowed}, got {getattr(self, name)!r}"
+                )
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}"
@@ -185,28 +207,65 @@ class Attention(MultiHeadAttention):
         return self.out_proj(out.transpose(1, 2).reshape(B, T, -1))
 
 
+class RMSNorm(nn.Module):
+    """Root-mean-square normalization (Zhang and Sennrich, 2019): ``x / sqrt(mean(x^2)
+    + eps) * weight``, LayerNorm without the mean subtraction and the bias.
+
+    Equal to ``torch.nn.RMSNorm(dim, eps)``; ``eps=None`` takes the machine epsilon of
+    the input's dtype, as torch does. Shapes ``(..., dim)`` -> the same."""
+
+    def __init__(self, dim: int, eps: float | None = None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * self.weight
+
+
+def _norm(config: TransformerConfig) -> nn.Module:
+    if config.norm == "rmsnorm":
+        return RMSNorm(config.d_model)
+    return nn.LayerNorm(config.d_model)
+
+
 class MLP(nn.Module):
-    """Position-wise feed-forward network ``W_2 GELU(W_1 x)``."""
+    """Position-wise feed-forward network: ``W_2 GELU(W_1 x)``, or with ``mlp="swiglu"``
+    ``W_2 (SiLU(W_1 x) * W_3 x)`` (no biases, hidden width ``8 d / 3``: the same
+    number of weights)."""
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
-        hidden = config.d_ff or 4 * config.d_model
-        self.fc, self.proj = (
-            nn.Linear(config.d_model, hidden),
-            nn.Linear(hidden, config.d_model),
-        )
+        self.gated = config.mlp == "swiglu"
+        if self.gated:
+            hidden = config.d_ff or 8 * config.d_model // 3
+            self.fc = nn.Linear(config.d_model, hidden, bias=False)
+            self.gate = nn.Linear(config.d_model, hidden, bias=False)
+            self.proj = nn.Linear(hidden, config.d_model, bias=False)
+        else:
+            hidden = config.d_ff or 4 * config.d_model
+            self.fc, self.proj = (
+                nn.Linear(config.d_model, hidden),
+                nn.Linear(hidden, config.d_model),
+            )
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.gated:
+            return self.dropout(self.proj(F.silu(self.fc(x)) * self.gate(x)))
         return self.dropout(self.proj(F.gelu(self.fc(x))))
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: ``x + Attn(LN(x))``, then ``x + MLP(LN(x))``."""
+    """Residual block. Pre-norm (the default): ``x + Attn(N(x))``, then ``x +
+    MLP(N(x))``; post-norm: ``N(x + Attn(x))``, then ``N(x + MLP(x))``; ``N`` is
+    LayerNorm or RMSNorm."""
 
     def __init__(self, config: TransformerConfig, *, is_causal: bool, layer: int = 0):
         super().__init__()
-        self.ln1, self.ln2 = nn.LayerNorm(config.d_model), nn.LayerNorm(config.d_model)
+        self.ln1, self.ln2 = _norm(config), _norm(config)
+        self.post = config.norm_position == "post"
         self.attn = Attention(config, is_causal=is_causal, layer=layer)
         self.mlp = MLP(config)
 
@@ -221,12 +280,17 @@ class Block(nn.Module):
     ):
         """``(B, T, d_model)`` -> the same shape, or ``(x, weights)`` with
         ``return_weights=True``; ``head_mask`` as in :class:`Attention`."""
+        inner = x if self.post else self.ln1(x)
         out = self.attn(
-            self.ln1(x), bias, cache, head_mask=head_mask, return_weights=return_weights
+            inner, bias, cache, head_mask=head_mask, return_weights=return_weights
         )
         out, weights = out if return_weights else (out, None)
-        x = x + out
-        x = x + self.mlp(self.ln2(x))
+        if self.post:  # each sub-layer's output joins the residual, then normalized
+            x = self.ln1(x + out)
+            x = self.ln2(x + self.mlp(x))
+        else:
+            x = x + out
+            x = x + self.mlp(self.ln2(x))
         return (x, weights) if return_weights else x
 
 
@@ -253,8 +317,12 @@ class _Transformer(nn.Module):
             Block(config, is_causal=self.is_causal, layer=layer)
             for layer in range(config.n_layers)
         )
-        self.ln_f = nn.LayerNorm(config.d_model)
+        # post-norm blocks end normalized already (Vaswani et al. add no final norm)
+        post = config.norm_position == "post"
+        self.ln_f = nn.Identity() if post else _norm(config)
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.head.weight = self.tok_emb.weight
 
     def _positions(
         self, x: torch.Tensor, start: int = 0

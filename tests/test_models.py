@@ -6,6 +6,9 @@ import torch
 
 from attnbook.core import MultiHeadAttention
 from attnbook.models import (
+    MLP,
+    Block,
+    RMSNorm,
     POSITIONAL_SCHEMES,
     Attention,
     TinyEncoder,
@@ -313,3 +316,86 @@ def test_drophead_mask_drops_whole_heads_and_keeps_the_scale():
     for p in (-0.1, 1.0):
         with pytest.raises(ValueError, match="p must be"):
             drophead_mask(2, 4, p, 5)
+
+
+# --------------------------------------------------------------------------------------
+# The block's variants: RMSNorm, post-norm, SwiGLU, tied weights
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("eps", [None, 1e-5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rmsnorm_equals_torchs(eps, dtype):
+    g = torch.Generator().manual_seed(0)
+    ours, theirs = RMSNorm(24, eps), torch.nn.RMSNorm(24, eps)
+    weight = torch.rand(24, generator=g) + 0.5
+    with torch.no_grad():
+        ours.weight.copy_(weight)
+        theirs.weight.copy_(weight)
+    x = 3 * torch.randn(2, 5, 24, generator=g)
+    torch.testing.assert_close(ours.to(dtype)(x.to(dtype)), theirs.to(dtype)(x.to(dtype)))
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_post_norm_blocks_emit_normalized_outputs(norm):
+    config = TransformerConfig(d_model=32, n_heads=4, norm=norm, norm_position="post")
+    block = Block(config, is_causal=True)
+    x = 5 * torch.randn(3, 7, 32, generator=torch.Generator().manual_seed(1)) + 2
+    out = block(x)
+    if norm == "layernorm":  # zero mean and unit variance per token (weight 1, bias 0)
+        torch.testing.assert_close(out.mean(-1), torch.zeros(3, 7), atol=1e-5, rtol=0)
+        torch.testing.assert_close(out.var(-1, unbiased=False), torch.ones(3, 7), atol=1e-4, rtol=0)
+    else:  # unit root mean square per token
+        torch.testing.assert_close(out.pow(2).mean(-1), torch.ones(3, 7), atol=1e-4, rtol=0)
+    pre = Block(TransformerConfig(d_model=32, n_heads=4, norm=norm), is_causal=True)
+    assert (pre(x).mean(-1) - x.mean(-1)).abs().max() < 1  # pre-norm keeps the residual's scale
+    model = TinyGPT(TransformerConfig(d_model=32, n_heads=4, norm_position="post"))
+    assert isinstance(model.ln_f, torch.nn.Identity)
+
+
+def test_post_norm_block_is_norm_of_residual_plus_sublayer():
+    config = TransformerConfig(d_model=16, n_heads=2, norm_position="post")
+    block = Block(config, is_causal=False)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(2))
+    h = block.ln1(x + block.attn(x))
+    torch.testing.assert_close(block(x), block.ln2(h + block.mlp(h)))
+
+
+def test_swiglu_has_the_parameter_budget_of_the_gelu_mlp():
+    d = 48
+    gelu = MLP(TransformerConfig(d_model=d, n_heads=4))
+    swiglu = MLP(TransformerConfig(d_model=d, n_heads=4, mlp="swiglu"))
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(swiglu) == 3 * d * (8 * d // 3) == 8 * d * d  # three matrices, no biases
+    assert abs(count(swiglu) - count(gelu)) / count(gelu) < 0.02  # GELU's biases: 5 d
+    x = torch.randn(2, 3, d, generator=torch.Generator().manual_seed(3))
+    expected = swiglu.proj(torch.nn.functional.silu(swiglu.fc(x)) * swiglu.gate(x))
+    torch.testing.assert_close(swiglu(x), expected)
+
+
+def test_tied_weights_share_one_matrix_and_its_gradient():
+    model = TinyGPT(TransformerConfig(vocab_size=20, d_model=16, n_heads=2, tie_weights=True))
+    assert model.head.weight is model.tok_emb.weight
+    n_tied = sum(p.numel() for p in model.parameters())
+    untied = TinyGPT(TransformerConfig(vocab_size=20, d_model=16, n_heads=2))
+    assert sum(p.numel() for p in untied.parameters()) - n_tied == 20 * 16
+    idx = torch.randint(0, 20, (2, 6), generator=torch.Generator().manual_seed(4))
+    model(idx).sum().backward()
+    assert model.tok_emb.weight.grad is not None and model.tok_emb.weight.grad.abs().sum() > 0
+
+
+def test_the_default_block_is_unchanged():
+    """The chapters' models: pre-norm LayerNorm, GELU, untied, the same parameter names."""
+    model = TinyGPT(TransformerConfig(d_model=16, n_heads=2, n_layers=1))
+    names = set(model.state_dict())
+    assert {"blocks.0.ln1.weight", "blocks.0.ln1.bias", "blocks.0.mlp.fc.bias", "ln_f.weight",
+            "head.weight"} <= names
+    assert not any("gate" in n for n in names)
+    block = model.blocks[0]
+    x = torch.randn(2, 4, 16, generator=torch.Generator().manual_seed(5))
+    h = x + block.attn(block.ln1(x))
+    torch.testing.assert_close(block(x), h + block.mlp(block.ln2(h)))
+
+
+def test_block_options_are_validated():
+    for name, bad in (("norm", "batchnorm"), ("norm_position", "sandwich"), ("mlp", "relu")):
+        with pytest.raises(ValueError, match=f"{name} must be one of"):
+            TransformerConfig(**{name: bad})
