@@ -16,6 +16,10 @@
   captions naming them, for attention in image captioning.
 * **Zachary's karate club** (:func:`karate_club`): a 34-node social graph with two
   communities, for graph attention.
+* **The Python documentation** (:func:`python_docs`): real English prose that ships with
+  every Python installation, for a character-level language model, with its unigram and
+  bigram baselines (:func:`ngram_bits_per_char`) and random training windows
+  (:func:`lm_windows`).
 
 Randomness comes from a ``generator=`` (a ``torch.Generator``; ``None`` uses PyTorch's
 global generator), so the same seeded generator gives the same data.
@@ -51,6 +55,10 @@ __all__ = [
     "COLOURS",
     "shapes_captions",
     "karate_club",
+    "TextCorpus",
+    "python_docs",
+    "ngram_bits_per_char",
+    "lm_windows",
 ]
 
 PAD, BOS, EOS = 0, 1, 2
@@ -455,3 +463,90 @@ def karate_club() -> dict[str, object]:
         "y": y,
         "graph": graph,
     }
+
+
+# --------------------------------------------------------------------------------------
+# Real text on every machine: the Python documentation
+# --------------------------------------------------------------------------------------
+class TextCorpus(NamedTuple):
+    """A character-level corpus: the :class:`Vocab`, the ``train`` and ``valid`` ids
+    (1-D ``long`` tensors, documents joined by a blank line) and the names of the
+    documents in each split."""
+
+    vocab: Vocab
+    train: torch.Tensor
+    valid: torch.Tensor
+    train_names: list[str]
+    valid_names: list[str]
+
+
+def python_docs(valid_every: int = 10) -> TextCorpus:
+    """The English prose of the Python documentation that CPython ships with every
+    installation (``pydoc_data.topics``: 79 help topics, about 465,000 characters, the
+    same in Colab), split by topic: every ``valid_every``-th topic, in name order, is
+    validation, the rest training. Deterministic: no download, no random split."""
+    from pydoc_data.topics import topics
+
+    if not isinstance(valid_every, int) or valid_every < 2:
+        raise ValueError(f"valid_every must be an integer >= 2, got {valid_every!r}")
+    names = sorted(topics)
+    valid = [n for i, n in enumerate(names) if i % valid_every == valid_every - 1]
+    train = [n for n in names if n not in set(valid)]
+    vocab = Vocab("".join(topics.values()) + "\n")
+
+    def ids(chosen: list[str]) -> torch.Tensor:
+        return torch.tensor(vocab.encode("\n\n".join(topics[n] for n in chosen)))
+
+    return TextCorpus(vocab, ids(train), ids(valid), train, valid)
+
+
+def ngram_bits_per_char(
+    train: torch.Tensor,
+    valid: torch.Tensor,
+    n: int,
+    vocab_size: int,
+    alpha: float = 1.0,
+) -> float:
+    """Bits per character on ``valid`` of an ``n``-gram model (``n = 1``: unigram,
+    ``n = 2``: bigram) counted on ``train``, with add-``alpha`` smoothing:
+
+        ``p(c | prev) = (count(prev, c) + alpha) / (count(prev) + alpha V)``.
+
+    The baselines a character-level language model must beat: the unigram knows only
+    how often each character occurs, the bigram also the one before it. ``train`` and
+    ``valid`` are 1-D id tensors below ``vocab_size``."""
+    if n not in (1, 2):
+        raise ValueError(f"n must be 1 (unigram) or 2 (bigram), got {n!r}")
+    if alpha <= 0:
+        raise ValueError(f"alpha must be positive, got {alpha!r}")
+    V = vocab_size
+    if n == 1:
+        counts = torch.bincount(train, minlength=V).double() + alpha
+        logp = torch.log2(counts / counts.sum())[valid]
+    else:
+        pairs = torch.bincount(train[:-1] * V + train[1:], minlength=V * V)
+        counts = pairs.double().view(V, V) + alpha
+        logp = torch.log2(counts / counts.sum(dim=1, keepdim=True))[
+            valid[:-1], valid[1:]
+        ]
+    return -logp.mean().item()
+
+
+def lm_windows(
+    ids: torch.Tensor,
+    block_size: int,
+    batch_size: int,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of random windows of a 1-D id tensor for next-character prediction:
+    ``x (batch_size, block_size)`` and ``y``, the same windows shifted by one
+    (``y[:, t] = x[:, t + 1]``, and the character after the window last)."""
+    if ids.dim() != 1 or len(ids) <= block_size:
+        raise ValueError(
+            f"ids must be 1-D and longer than block_size={block_size}, got shape "
+            f"{tuple(ids.shape)}"
+        )
+    starts = torch.randint(0, len(ids) - block_size, (batch_size,), generator=generator)
+    rows = starts[:, None] + torch.arange(block_size + 1)
+    windows = ids[rows]
+    return windows[:, :-1], windows[:, 1:]

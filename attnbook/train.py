@@ -10,13 +10,14 @@ epoch.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping
 
 import torch
 from tqdm.auto import tqdm
 
-__all__ = ["History", "fit", "accuracy"]
+__all__ = ["History", "fit", "warmup_cosine", "block_gradient_norms", "accuracy"]
 
 
 @dataclass
@@ -57,6 +58,7 @@ def fit(
     device: str | torch.device | None = None,
     progress: bool = True,
     grad_clip: float | None = None,
+    lr_schedule: Callable[[int], float] | None = None,
 ) -> History:
     """Train ``model`` for ``epochs`` passes over ``train_batches`` and return the
     :class:`History`.
@@ -72,6 +74,8 @@ def fit(
     - ``device``: move the model there; ``None`` keeps the model where it is. Batches
       follow the model;
     - ``grad_clip``: the maximum gradient L2 norm (``None``: no clipping);
+    - ``lr_schedule(step)``: the learning rate of optimizer step ``step`` (0, 1, ...),
+      set on every parameter group before the step (e.g. :func:`warmup_cosine`);
     - ``progress=False`` prints nothing.
     """
     if epochs < 1:
@@ -119,6 +123,9 @@ def fit(
                 history.grad_norms.append(
                     float(torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
                 )
+                if lr_schedule is not None:
+                    for group in optimizer.param_groups:
+                        group["lr"] = lr_schedule(len(history.losses))
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 history.losses.append(loss.item())
@@ -148,6 +155,44 @@ def fit(
                     },
                 )
     return history
+
+
+def warmup_cosine(
+    step: int, *, warmup: int, total: int, lr: float, min_lr: float = 0.0
+) -> float:
+    """The learning rate of step ``step`` (from 0) under the usual transformer
+    recipe: linear warm-up from ``lr / warmup`` to ``lr`` over the first ``warmup``
+    steps, then a cosine decay to ``min_lr`` at step ``total`` (and ``min_lr`` after):
+
+        ``lr_t = min_lr + (lr - min_lr) (1 + cos(pi p)) / 2``, ``p = (t - warmup) /
+        (total - warmup)``.
+    """
+    if not 0 <= warmup < total:
+        raise ValueError(
+            f"need 0 <= warmup < total, got warmup={warmup}, total={total}"
+        )
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    progress = min(1.0, (step - warmup) / (total - warmup))
+    return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def block_gradient_norms(model: torch.nn.Module, loss: torch.Tensor) -> list[float]:
+    """The L2 norm of the gradient of ``loss`` with respect to the parameters of each of
+    ``model.blocks``, in order: where in the depth the gradient is large (Xiong et al.,
+    2020, compare them at initialization for pre- and post-norm blocks). Leaves the
+    parameters' ``.grad`` untouched."""
+    blocks = list(model.blocks)
+    params = [[p for p in block.parameters() if p.requires_grad] for block in blocks]
+    grads = torch.autograd.grad(
+        loss, [p for group in params for p in group], retain_graph=True
+    )
+    norms, start = [], 0
+    for group in params:
+        chunk = grads[start : start + len(group)]
+        norms.append(float(torch.sqrt(sum(g.pow(2).sum() for g in chunk))))
+        start += len(group)
+    return norms
 
 
 def accuracy(

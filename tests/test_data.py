@@ -130,3 +130,68 @@ def test_karate_club_matches_zacharys_graph():
     edges = {tuple(e) for e in club["edge_index"].T.tolist()}
     assert len(edges) == 156 and all((j, i) in edges for i, j in edges)  # both directions
     assert (0, 33) not in edges and (0, 1) in edges  # Mr. Hi and the Officer are not friends
+
+
+# --------------------------------------------------------------------------------------
+# The Python documentation as a character-level corpus
+# --------------------------------------------------------------------------------------
+def test_python_docs_is_the_shipped_help_text_split_by_topic_the_same_way_every_time():
+    from pydoc_data.topics import topics
+
+    from attnbook.data import python_docs
+
+    corpus = python_docs()
+    again = python_docs()
+    assert torch.equal(corpus.train, again.train) and torch.equal(corpus.valid, again.valid)
+    assert not set(corpus.train_names) & set(corpus.valid_names)
+    assert sorted(corpus.train_names + corpus.valid_names) == sorted(topics)
+    assert len(corpus.valid_names) == len(topics) // 10
+    text = corpus.vocab.decode(corpus.valid)
+    assert text == "\n\n".join(topics[n] for n in corpus.valid_names)
+    assert len(corpus.train) + len(corpus.valid) > 450_000
+    with pytest.raises(ValueError, match="valid_every"):
+        python_docs(valid_every=1)
+
+
+def test_ngram_baselines_equal_counting_by_hand():
+    import math
+    from collections import Counter
+
+    from attnbook.data import ngram_bits_per_char
+
+    train, valid, V = "abracadabra", "abcab", 5
+    ids = {c: i for i, c in enumerate("abcdr")}
+    t = torch.tensor([ids[c] for c in train])
+    v = torch.tensor([ids[c] for c in valid])
+    uni = Counter(train)
+    expected = -sum(math.log2((uni[c] + 1) / (len(train) + V)) for c in valid) / len(valid)
+    assert abs(ngram_bits_per_char(t, v, 1, V) - expected) < 1e-12
+    pairs, firsts = Counter(zip(train, train[1:])), Counter(train[:-1])
+    expected = -sum(math.log2((pairs[(a, b)] + 1) / (firsts[a] + V))
+                    for a, b in zip(valid, valid[1:])) / (len(valid) - 1)
+    assert abs(ngram_bits_per_char(t, v, 2, V) - expected) < 1e-12
+    with pytest.raises(ValueError, match="n must be 1"):
+        ngram_bits_per_char(t, v, 3, V)
+
+
+def test_on_real_text_the_bigram_beats_the_unigram():
+    from attnbook.data import ngram_bits_per_char, python_docs
+
+    corpus = python_docs()
+    V = len(corpus.vocab)
+    unigram = ngram_bits_per_char(corpus.train, corpus.valid, 1, V)
+    bigram = ngram_bits_per_char(corpus.train, corpus.valid, 2, V)
+    assert 3.0 < bigram < unigram < math.log2(V)
+
+
+def test_lm_windows_are_shifted_by_one_and_reproducible():
+    from attnbook.data import lm_windows
+
+    ids = torch.arange(100)
+    x, y = lm_windows(ids, 16, 4, generator=torch.Generator().manual_seed(0))
+    assert x.shape == y.shape == (4, 16)
+    assert torch.equal(y[:, :-1], x[:, 1:]) and torch.equal(y[:, -1], x[:, -1] + 1)
+    x2, _ = lm_windows(ids, 16, 4, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(x, x2)
+    with pytest.raises(ValueError, match="longer than block_size"):
+        lm_windows(torch.arange(10), 10, 2)

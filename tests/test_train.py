@@ -146,3 +146,51 @@ def test_accuracy_rejects_mismatched_shapes_and_nothing_to_score():
         accuracy(torch.zeros(2, 3, 4), torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="ignore_index"):
         accuracy(torch.zeros(2, 4), torch.full((2,), -1), ignore_index=-1)
+
+
+def test_warmup_cosine_rises_linearly_then_decays_to_the_floor():
+    import math
+
+    from attnbook.train import warmup_cosine
+
+    lrs = [warmup_cosine(t, warmup=10, total=110, lr=1.0, min_lr=0.1) for t in range(120)]
+    assert lrs[:10] == pytest.approx([(t + 1) / 10 for t in range(10)])
+    assert lrs[10] == pytest.approx(1.0) and lrs[60] == pytest.approx(0.55)
+    assert lrs[110:] == pytest.approx([0.1] * 10)
+    decay = lrs[10:111]
+    assert all(a >= b for a, b in zip(decay, decay[1:]))
+    assert lrs[35] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.25)))
+    with pytest.raises(ValueError, match="warmup < total"):
+        warmup_cosine(0, warmup=5, total=5, lr=1.0)
+
+
+def test_fit_sets_the_scheduled_learning_rate_before_every_step():
+    from attnbook.train import warmup_cosine
+
+    model = torch.nn.Linear(2, 1)
+    seen = []
+
+    class Spy(torch.optim.SGD):
+        def step(self, closure=None):
+            seen.append(self.param_groups[0]["lr"])
+            return super().step(closure)
+
+    schedule = lambda t: warmup_cosine(t, warmup=2, total=6, lr=0.1)  # noqa: E731
+    batches = [(torch.randn(4, 2), torch.randn(4, 1)) for _ in range(6)]
+    fit(model, lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]), batches,
+        optimizer=Spy(model.parameters(), lr=0.5), lr_schedule=schedule, progress=False)
+    assert seen == pytest.approx([schedule(t) for t in range(6)])
+
+
+def test_block_gradient_norms_equal_the_norms_of_each_blocks_gradient():
+    from attnbook.models import TinyGPT, TransformerConfig
+    from attnbook.train import block_gradient_norms
+
+    model = TinyGPT(TransformerConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=3))
+    idx = torch.randint(0, 11, (2, 7), generator=torch.Generator().manual_seed(0))
+    loss = torch.nn.functional.cross_entropy(model(idx).flatten(0, 1), idx.flatten())
+    norms = block_gradient_norms(model, loss)
+    loss.backward()
+    for norm, block in zip(norms, model.blocks, strict=True):
+        expected = torch.sqrt(sum(p.grad.pow(2).sum() for p in block.parameters()))
+        assert norm == pytest.approx(expected.item(), rel=1e-6)
