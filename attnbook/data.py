@@ -59,6 +59,7 @@ __all__ = [
     "python_docs",
     "ngram_bits_per_char",
     "lm_windows",
+    "repeated_tokens",
 ]
 
 PAD, BOS, EOS = 0, 1, 2
@@ -550,3 +551,21 @@ def lm_windows(
     rows = starts[:, None] + torch.arange(block_size + 1)
     windows = ids[rows]
     return windows[:, :-1], windows[:, 1:]
+
+
+def repeated_tokens(
+    batch_size: int,
+    period: int,
+    vocab_size: int,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Sequences of ``period`` uniformly random tokens followed by the same tokens
+    again, ``(batch_size, 2 period)``: the first half cannot be predicted, the second
+    half can be by copying, the task on which induction heads form (Olsson et al.,
+    2022)."""
+    if period < 1 or vocab_size < 2:
+        raise ValueError(
+            f"period must be >= 1 and vocab_size >= 2, got {period} and {vocab_size}"
+        )
+    first = torch.randint(0, vocab_size, (batch_size, period), generator=generator)
+    return torch.cat([first, first], dim=1)

@@ -62,6 +62,7 @@ __all__ = [
     "TinyEncoder",
     "head_importance",
     "drophead_mask",
+    "induction_scores",
 ]
 
 POSITIONAL_SCHEMES = ("none", "sinusoidal", "learned", "t5", "alibi", "rope")
@@ -76,9 +77,10 @@ class TransformerConfig:
     ``norm_position`` ``"pre"`` (GPT-2: ``x + f(norm(x))``) or ``"post"`` (Vaswani et
     al.: ``norm(x + f(x))``); ``mlp`` ``"gelu"`` or ``"swiglu"`` (Shazeer, 2020, with
     the hidden width ``8 d / 3`` so its three matrices hold as many weights as GELU's
-    two of width ``4 d``); ``tie_weights`` makes the output head the token embedding
-    (Press and Wolf, 2017). The defaults are the pre-norm GELU block every chapter
-    trained before these options existed."""
+    two of width ``4 d``; ``"none"``: attention-only blocks, as in the study of
+    induction heads by Olsson et al., 2022); ``tie_weights`` makes the output head the
+    token embedding (Press and Wolf, 2017). The defaults are the pre-norm GELU block
+    every chapter trained before these options existed."""
 
     vocab_size: int = 32
     d_model: int = 64
@@ -106,7 +108,7 @@ class TransformerConfig:
         for name, allowed in (
             ("norm", ("layernorm", "rmsnorm")),
             ("norm_position", ("pre", "post")),
-            ("mlp", ("gelu", "swiglu")),
+            ("mlp", ("gelu", "swiglu", "none")),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
@@ -267,7 +269,9 @@ class Block(nn.Module):
         self.ln1, self.ln2 = _norm(config), _norm(config)
         self.post = config.norm_position == "post"
         self.attn = Attention(config, is_causal=is_causal, layer=layer)
-        self.mlp = MLP(config)
+        self.mlp = None if config.mlp == "none" else MLP(config)
+        if self.mlp is None:  # attention-only: one sub-layer, one norm
+            self.ln2 = nn.Identity()
 
     def forward(
         self,
@@ -287,10 +291,12 @@ class Block(nn.Module):
         out, weights = out if return_weights else (out, None)
         if self.post:  # each sub-layer's output joins the residual, then normalized
             x = self.ln1(x + out)
-            x = self.ln2(x + self.mlp(x))
+            if self.mlp is not None:
+                x = self.ln2(x + self.mlp(x))
         else:
             x = x + out
-            x = x + self.mlp(self.ln2(x))
+            if self.mlp is not None:
+                x = x + self.mlp(self.ln2(x))
         return (x, weights) if return_weights else x
 
 
@@ -550,3 +556,30 @@ def drophead_mask(
     keep = torch.rand(shape, generator=generator, device=device) >= p
     kept = keep.sum(-1, keepdim=True)
     return keep * (n_heads / kept.clamp_min(1))
+
+
+def induction_scores(weights: torch.Tensor, period: int) -> dict[str, torch.Tensor]:
+    """How much each head behaves like the two heads of an induction circuit (Olsson et
+    al., 2022), on sequences whose second part repeats the first ``period`` tokens.
+
+    ``weights``: the attention weights of every layer, ``(n_layers, B, n_heads, T, T)``
+    (``TinyGPT(..., return_weights=True)``). For each query ``t >= period``, the
+    **prefix-matching** score is the weight on key ``t - period + 1``, the token that
+    followed the previous occurrence of token ``t`` (what an induction head copies); the
+    **previous-token** score is the weight on key ``t - 1``, over all queries ``t >=
+    1``. Both are averaged over the batch and the queries: ``(n_layers, n_heads)``
+    each, 1 for a head that does exactly that.
+    """
+    if weights.dim() != 5 or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(
+            "weights must be (n_layers, batch, n_heads, T, T) self-attention, got "
+            f"{tuple(weights.shape)}"
+        )
+    T = weights.shape[-1]
+    if not 1 <= period < T:
+        raise ValueError(f"period must be between 1 and T - 1 = {T - 1}, got {period}")
+    queries = torch.arange(period, T)
+    prefix = weights[..., queries, queries - period + 1].mean(dim=(1, 3))
+    later = torch.arange(1, T)
+    previous = weights[..., later, later - 1].mean(dim=(1, 3))
+    return {"prefix_matching": prefix, "previous_token": previous}

@@ -195,3 +195,14 @@ def test_lm_windows_are_shifted_by_one_and_reproducible():
     assert torch.equal(x, x2)
     with pytest.raises(ValueError, match="longer than block_size"):
         lm_windows(torch.arange(10), 10, 2)
+
+
+def test_repeated_tokens_repeat_their_first_half():
+    from attnbook.data import repeated_tokens
+
+    x = repeated_tokens(4, 7, 50, generator=torch.Generator().manual_seed(0))
+    assert x.shape == (4, 14) and torch.equal(x[:, :7], x[:, 7:])
+    assert x.min() >= 0 and x.max() < 50
+    assert torch.equal(x, repeated_tokens(4, 7, 50, generator=torch.Generator().manual_seed(0)))
+    with pytest.raises(ValueError, match="period must be >= 1"):
+        repeated_tokens(2, 0, 50)

@@ -399,3 +399,53 @@ def test_block_options_are_validated():
     for name, bad in (("norm", "batchnorm"), ("norm_position", "sandwich"), ("mlp", "relu")):
         with pytest.raises(ValueError, match=f"{name} must be one of"):
             TransformerConfig(**{name: bad})
+
+
+def test_attention_only_blocks_have_no_mlp():
+    config = TransformerConfig(d_model=16, n_heads=2, mlp="none")
+    block = Block(config, is_causal=True)
+    assert block.mlp is None and not any("mlp" in n for n, _ in block.named_parameters())
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(6))
+    torch.testing.assert_close(block(x), x + block.attn(block.ln1(x)))
+    post = Block(TransformerConfig(d_model=16, n_heads=2, mlp="none", norm_position="post"),
+                 is_causal=True)
+    torch.testing.assert_close(post(x), post.ln1(x + post.attn(x)))
+
+
+def test_induction_scores_find_a_previous_token_head_and_an_induction_head():
+    from attnbook.models import induction_scores
+
+    period, T = 5, 10
+    weights = torch.full((2, 3, 2, T, T), 0.0)
+    causal = torch.ones(T, T).tril()
+    weights[:] = causal / causal.sum(-1, keepdim=True)  # uniform over the visible keys
+    previous = torch.zeros(T, T)
+    previous[0, 0] = 1.0
+    previous[torch.arange(1, T), torch.arange(0, T - 1)] = 1.0
+    weights[0, :, 0] = previous  # layer 0, head 0: the previous token
+    induction = weights[1, 0, 1].clone()
+    rows = torch.arange(period, T)
+    induction[rows] = 0.0
+    induction[rows, rows - period + 1] = 1.0
+    weights[1, :, 1] = induction  # layer 1, head 1: the token after the earlier copy
+    scores = induction_scores(weights, period)
+    assert scores["previous_token"][0, 0] == pytest.approx(1.0)
+    assert scores["prefix_matching"][1, 1] == pytest.approx(1.0)
+    assert scores["prefix_matching"][0, 0] < 0.5 and scores["previous_token"][1, 1] < 0.5
+    # a uniform head over t + 1 keys gives each of them 1 / (t + 1)
+    expected = torch.tensor([1 / (t + 1) for t in range(period, T)]).mean()
+    assert scores["prefix_matching"][0, 1].item() == pytest.approx(expected.item())
+    with pytest.raises(ValueError, match="period must be between"):
+        induction_scores(weights, T)
+
+
+def test_induction_scores_read_a_models_returned_weights():
+    from attnbook.data import repeated_tokens
+    from attnbook.models import induction_scores
+
+    model = TinyGPT(TransformerConfig(vocab_size=20, d_model=16, n_heads=2, mlp="none"))
+    tokens = repeated_tokens(3, 6, 20, generator=torch.Generator().manual_seed(7))
+    _, weights = model(tokens, return_weights=True)
+    scores = induction_scores(weights, 6)
+    assert scores["prefix_matching"].shape == scores["previous_token"].shape == (2, 2)
+    assert ((scores["prefix_matching"] > 0) & (scores["prefix_matching"] < 1)).all()
