@@ -63,6 +63,8 @@ __all__ = [
     "head_importance",
     "drophead_mask",
     "induction_scores",
+    "DecoderBlock",
+    "TinySeq2Seq",
 ]
 
 POSITIONAL_SCHEMES = ("none", "sinusoidal", "learned", "t5", "alibi", "rope")
@@ -357,8 +359,11 @@ class _Transformer(nn.Module):
         *,
         head_mask: torch.Tensor | None = None,
         return_weights: bool = False,
+        hidden: bool = False,
     ):
-        """``idx``: ``(B, T)`` token ids -> logits ``(B, T, vocab_size)``.
+        """``idx``: ``(B, T)`` token ids -> logits ``(B, T, vocab_size)`` (with
+        ``hidden=True``: the final hidden states ``(B, T, d_model)``, what an
+        encoder-decoder's cross-attention reads).
 
         ``attn_mask``: optional bool ``(B, 1, 1, S)`` key-padding mask (True = real
         token). ``cache``: a :class:`attnbook.kvcache.KVCache` holding the ``P`` earlier
@@ -393,6 +398,8 @@ class _Transformer(nn.Module):
             if return_weights:
                 x, w = x
                 weights.append(w)
+        if hidden:
+            return self.ln_f(x)
         logits = self.head(self.ln_f(x))
         return (logits, torch.stack(weights)) if return_weights else logits
 
@@ -492,6 +499,99 @@ class TinyEncoder(_Transformer):
     head."""
 
     is_causal = False
+
+
+class DecoderBlock(nn.Module):
+    """The decoder layer of an encoder-decoder Transformer (Vaswani et al., 2017):
+    causal self-attention, then cross-attention from the decoder's positions to the
+    encoder's output ``memory``, then the MLP, each a residual sub-layer (pre- or
+    post-norm as the config says)."""
+
+    def __init__(self, config: TransformerConfig, *, layer: int = 0):
+        super().__init__()
+        self.ln1, self.ln2, self.ln3 = _norm(config), _norm(config), _norm(config)
+        self.post = config.norm_position == "post"
+        self.attn = Attention(config, is_causal=True, layer=layer)
+        self.cross = MultiHeadAttention(
+            config.d_model, config.n_heads, config.n_kv_heads, dropout=config.dropout
+        )
+        self.mlp = None if config.mlp == "none" else MLP(config)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        memory: torch.Tensor,
+        memory_mask: torch.Tensor | None = None,
+        *,
+        return_weights: bool = False,
+    ):
+        """``x (B, T, d_model)``, ``memory (B, S, d_model)``, ``memory_mask`` bool
+        ``(B, 1, 1, S)`` (True = a real source token) -> ``(B, T, d_model)``; with
+        ``return_weights=True`` also the cross-attention weights ``(B, n_heads, T,
+        S)``."""
+        if self.post:
+            x = self.ln1(x + self.attn(x))
+            out, weights = self.cross(x, memory, memory_mask, return_weights=True)
+            x = self.ln2(x + out)
+            if self.mlp is not None:
+                x = self.ln3(x + self.mlp(x))
+        else:
+            x = x + self.attn(self.ln1(x))
+            out, weights = self.cross(
+                self.ln2(x), memory, memory_mask, return_weights=True
+            )
+            x = x + out
+            if self.mlp is not None:
+                x = x + self.mlp(self.ln3(x))
+        return (x, weights) if return_weights else x
+
+
+class TinySeq2Seq(nn.Module):
+    """An encoder-decoder Transformer: a :class:`TinyEncoder` reads the source, a stack
+    of :class:`DecoderBlock` writes the target one token at a time, attending to the
+    encoder's final states. One config serves both (source and target share the
+    vocabulary); the positional scheme must be ``"rope"`` or ``"none"``, which live
+    inside the attention layers."""
+
+    def __init__(self, config: TransformerConfig):
+        super().__init__()
+        if config.positional not in ("rope", "none"):
+            raise ValueError(
+                "TinySeq2Seq takes positional='rope' or 'none', got "
+                f"{config.positional!r}"
+            )
+        self.config = config
+        self.encoder = TinyEncoder(config)
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.blocks = nn.ModuleList(
+            DecoderBlock(config, layer=layer) for layer in range(config.n_layers)
+        )
+        post = config.norm_position == "post"
+        self.ln_f = nn.Identity() if post else _norm(config)
+        self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        if config.tie_weights:
+            self.head.weight = self.tok_emb.weight
+
+    def forward(
+        self,
+        src: torch.Tensor,
+        tgt: torch.Tensor,
+        src_mask: torch.Tensor | None = None,
+        *,
+        return_weights: bool = False,
+    ):
+        """``src (B, S)`` and ``tgt (B, T)`` token ids, ``src_mask`` bool ``(B, S)``
+        (True = real token) -> logits ``(B, T, vocab_size)`` for the token after each
+        target position; with ``return_weights=True`` also the cross-attention weights
+        of every layer, ``(n_layers, B, n_heads, T, S)``."""
+        mask = None if src_mask is None else src_mask[:, None, None, :]
+        memory = self.encoder(src, mask, hidden=True)
+        x, weights = self.tok_emb(tgt), []
+        for block in self.blocks:
+            x, w = block(x, memory, mask, return_weights=True)
+            weights.append(w)
+        logits = self.head(self.ln_f(x))
+        return (logits, torch.stack(weights)) if return_weights else logits
 
 
 # --------------------------------------------------------------------------------------

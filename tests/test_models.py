@@ -449,3 +449,56 @@ def test_induction_scores_read_a_models_returned_weights():
     scores = induction_scores(weights, 6)
     assert scores["prefix_matching"].shape == scores["previous_token"].shape == (2, 2)
     assert ((scores["prefix_matching"] > 0) & (scores["prefix_matching"] < 1)).all()
+
+
+# --------------------------------------------------------------------------------------
+# The encoder-decoder
+# --------------------------------------------------------------------------------------
+def _seq2seq(**options):
+    from attnbook.models import TinySeq2Seq
+
+    torch.manual_seed(0)
+    return TinySeq2Seq(TransformerConfig(vocab_size=12, d_model=32, n_heads=4, **options)).eval()
+
+
+@pytest.mark.parametrize("position", ["pre", "post"])
+def test_the_decoder_is_causal_and_reads_only_the_real_source_tokens(position):
+    model = _seq2seq(norm_position=position)
+    g = torch.Generator().manual_seed(1)
+    src, tgt = torch.randint(3, 12, (2, 7), generator=g), torch.randint(3, 12, (2, 5), generator=g)
+    src_mask = torch.ones(2, 7, dtype=torch.bool)
+    src_mask[1, 5:] = False  # the second source has 5 real tokens
+    logits, weights = model(src, tgt, src_mask, return_weights=True)
+    assert logits.shape == (2, 5, 12) and weights.shape == (2, 2, 4, 5, 7)
+    torch.testing.assert_close(weights.sum(-1), torch.ones(2, 2, 4, 5))
+    assert (weights[:, 1, :, :, 5:] == 0).all()
+    later = tgt.clone()
+    later[:, 3:] = 3  # change the future target tokens: earlier positions must not move
+    torch.testing.assert_close(model(src, later, src_mask)[:, :3], logits[:, :3])
+    padded = src.clone()
+    padded[1, 5:] = 4  # change padding only
+    torch.testing.assert_close(model(padded, tgt, src_mask)[1], logits[1])
+    changed = src.clone()
+    changed[0, 0] = 3 if src[0, 0] != 3 else 4
+    assert not torch.allclose(model(changed, tgt, src_mask)[0], logits[0])
+
+
+def test_the_encoder_decoder_learns_to_reverse_a_string():
+    from attnbook.data import BOS
+
+    model = _seq2seq().train()
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(2)
+    for _ in range(250):
+        src = torch.randint(3, 12, (32, 6), generator=g)
+        tgt = torch.cat([torch.full((32, 1), BOS), src.flip(1)], dim=1)
+        loss = torch.nn.functional.cross_entropy(model(src, tgt[:, :-1]).flatten(0, 1), tgt[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    model.eval()
+    src = torch.randint(3, 12, (64, 6), generator=g)
+    tgt = torch.cat([torch.full((64, 1), BOS), src.flip(1)], dim=1)
+    with torch.no_grad():
+        predicted = model(src, tgt[:, :-1]).argmax(-1)
+    assert (predicted == tgt[:, 1:]).float().mean() > 0.9
