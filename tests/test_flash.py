@@ -224,6 +224,21 @@ def _fused_reference(q, k, v, *, is_causal=False, window=(-1, -1), slopes=None, 
     return torch.softmax(s.masked_fill(~allowed, -math.inf), -1).nan_to_num(0.0) @ v
 
 
+def _same_output_and_gradients(fn, reference, tensors, tol=1e-10):
+    """``fn`` and ``reference`` on copies of ``tensors``: equal outputs, and equal gradients
+    for one random upstream gradient. Returns ``fn``'s output."""
+    leaves = [t.clone().requires_grad_() for t in tensors]
+    ref_leaves = [t.clone().requires_grad_() for t in tensors]
+    out, ref = fn(*leaves), reference(*ref_leaves)
+    torch.testing.assert_close(out, ref, atol=tol, rtol=tol)
+    grad = torch.randn_like(out)
+    out.backward(grad)
+    ref.backward(grad)
+    for got, want in zip(leaves, ref_leaves):
+        torch.testing.assert_close(got.grad, want.grad, atol=tol, rtol=tol)
+    return out
+
+
 FUSED = [  # (L, S, H, H_kv, is_causal, window, alibi, softcap)
     (70, 70, 2, 2, False, (8, 8), False, 0.0),
     (70, 90, 4, 2, True, (16, -1), False, 0.0),
@@ -247,17 +262,11 @@ def test_fused_options_forward_and_backward_equal_the_dense_reference(gen, L, S,
     elif alibi:
         slopes = alibi_slopes(H)
     kwargs = dict(is_causal=causal, window_size=window, alibi_slopes=slopes, softcap=softcap)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = flash_attention(*leaves, **kwargs, backend="torch")
-    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    ref = _fused_reference(*ref_leaves, is_causal=causal, window=window,
-                           slopes=None if slopes is None else slopes.double(), softcap=softcap)
-    torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
-    grad = torch.randn_like(out)
-    out.backward(grad)
-    ref.backward(grad)
-    for got, want in zip(leaves, ref_leaves):
-        torch.testing.assert_close(got.grad, want.grad, atol=1e-10, rtol=1e-10)
+    _same_output_and_gradients(
+        lambda *t: flash_attention(*t, **kwargs, backend="torch"),
+        lambda *t: _fused_reference(*t, is_causal=causal, window=window,
+                                    slopes=None if slopes is None else slopes.double(), softcap=softcap),
+        (q, k, v))
 
 
 def test_fused_options_agree_with_the_books_own_masks_and_biases(gen):
@@ -326,24 +335,21 @@ def _packed(gen, lengths_q, lengths_k, H=4, H_kv=2, E=16, Ev=16, dtype=torch.flo
 def test_varlen_equals_attention_on_each_sequence_alone(gen, lengths_q, lengths_k, causal, window, softcap):
     q, k, v, cu_q, cu_k = _packed(gen, lengths_q, lengths_k)
     slopes = torch.rand(len(lengths_q), 4, generator=gen)
-    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    out = flash_attention_varlen(*leaves, cu_q, cu_k, max(lengths_q), max(lengths_k), is_causal=causal,
-                                 window_size=window, alibi_slopes=slopes, softcap=softcap, backend="torch")
-    ref_leaves = [t.clone().requires_grad_() for t in (q, k, v)]
-    outs = []  # the readable attention on each sequence alone, with its own slopes
-    for b in range(len(lengths_q)):
-        qb = ref_leaves[0][cu_q[b]:cu_q[b + 1]].transpose(0, 1)[None]
-        kb, vb = (t[cu_k[b]:cu_k[b + 1]].transpose(0, 1)[None] for t in ref_leaves[1:])
-        outs.append(_fused_reference(qb, kb, vb, is_causal=causal, window=window,
-                                     slopes=slopes[b].double(), softcap=softcap)[0].transpose(0, 1))
-    ref = torch.cat(outs)
+    options = dict(is_causal=causal, window_size=window, softcap=softcap)
+
+    def each_alone(q, k, v):  # the readable attention on each sequence, with its own slopes
+        return torch.cat([
+            _fused_reference(q[cu_q[b]:cu_q[b + 1]].transpose(0, 1)[None],
+                             *(t[cu_k[b]:cu_k[b + 1]].transpose(0, 1)[None] for t in (k, v)),
+                             window=window, slopes=slopes[b].double(), is_causal=causal,
+                             softcap=softcap)[0].transpose(0, 1)
+            for b in range(len(lengths_q))])
+
+    out = _same_output_and_gradients(
+        lambda *t: flash_attention_varlen(*t, cu_q, cu_k, max(lengths_q), max(lengths_k),
+                                          alibi_slopes=slopes, backend="torch", **options),
+        each_alone, (q, k, v))
     assert out.shape == (sum(lengths_q), 4, 16)
-    torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
-    grad = torch.randn_like(out)
-    out.backward(grad)
-    ref.backward(grad)
-    for got, want in zip(leaves, ref_leaves):
-        torch.testing.assert_close(got.grad, want.grad, atol=1e-10, rtol=1e-10)
 
 
 def test_no_token_attends_across_a_sequence_boundary(gen):
