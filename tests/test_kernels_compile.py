@@ -4,8 +4,9 @@ A representative subset is compiled here, in CI: every kernel the launch code li
 (``flash_triton.variants``, ``decode.variants``: the forward and the dK/dV and dQ backward kernels,
 dense and block-sparse, each in every tile configuration of the autotuner's space
 ``tuning.SPACE``, the backward pre-pass, the decode split and merge kernels) for cases that cover
-a T4 (7.5), an A100 (8.0), an L4 (8.9) and an H100 (9.0), float16, bfloat16 and float32, head
-dims 64, 128 and 256, and head dim 96 (padded to 128 with masked columns). The full matrix is
+a T4 (7.5), an A100 (8.0), an L4 (8.9) and an H100 (9.0), float16, bfloat16 and float32 (where
+plan() sends it to PyTorch and where to Triton), head dims 32, 64, 128 and 256, and head dim 96
+(padded to 128 with masked columns). The full matrix is
 ``benchmarks/bench_kernel_compile.py``, whose table (``attnbook/kernels/compiled.json``) the
 autotuner's pruning and ``plan()`` read. Each compiled kernel must agree with that table (else
 the table is stale: rerun the benchmark with ``--write``), and every configuration the autotuner
@@ -32,7 +33,8 @@ CASES = [
     (80, torch.bfloat16, 256),
     (80, torch.float16, 96),  # padded to 128: the masked columns compile and fit like 128's
     (89, torch.float16, 128),
-    (89, torch.float32, 64),
+    (89, torch.float32, 64),  # float32 that plan() sends to PyTorch (its dK/dV tiles spill)
+    (80, torch.float32, 32),  # float32 that plan() sends to Triton: its tiles must fit
     (90, torch.float16, 64),
 ]
 # A head dim that is not a power of two compiles with masked columns, which may cost a few more
