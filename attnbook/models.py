@@ -41,6 +41,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .core import MultiHeadAttention, scaled_dot_product_attention
+from .data import BOS, EOS, PAD
 from .kernels import plan_for
 from .kvcache import KVCache, decode_attention
 from .positional import (
@@ -65,9 +66,11 @@ __all__ = [
     "induction_scores",
     "DecoderBlock",
     "TinySeq2Seq",
+    "head_ablation",
 ]
 
 POSITIONAL_SCHEMES = ("none", "sinusoidal", "learned", "t5", "alibi", "rope")
+INITS = ("torch", "normal", "scaled")
 
 
 @dataclass
@@ -81,8 +84,14 @@ class TransformerConfig:
     the hidden width ``8 d / 3`` so its three matrices hold as many weights as GELU's
     two of width ``4 d``; ``"none"``: attention-only blocks, as in the study of
     induction heads by Olsson et al., 2022); ``tie_weights`` makes the output head the
-    token embedding (Press and Wolf, 2017). The defaults are the pre-norm GELU block
-    every chapter trained before these options existed."""
+    token embedding (Press and Wolf, 2017). ``init``: ``"torch"`` keeps PyTorch's
+    default initialization of each layer; ``"normal"`` draws every weight matrix and
+    embedding from ``N(0, 0.02^2)`` with zero biases (GPT-2); ``"scaled"`` also divides
+    the standard deviation of the two projections that write into the residual stream
+    (attention's ``out_proj``, the MLP's ``proj``) by ``sqrt(2 n_layers)`` (Radford et
+    al., 2019), so the stream's variance stays level with depth. The defaults are the
+    pre-norm GELU block with PyTorch's initialization that every chapter trained
+    before these options existed."""
 
     vocab_size: int = 32
     d_model: int = 64
@@ -100,6 +109,7 @@ class TransformerConfig:
     norm_position: str = "pre"  # or "post" (Vaswani et al.)
     mlp: str = "gelu"  # or "swiglu"
     tie_weights: bool = False  # the output head shares the token embedding
+    init: str = "torch"  # or "normal", "scaled" (GPT-2): see _Transformer.reset_weights
 
     def __post_init__(self):
         if self.positional not in POSITIONAL_SCHEMES:
@@ -111,6 +121,7 @@ class TransformerConfig:
             ("norm", ("layernorm", "rmsnorm")),
             ("norm_position", ("pre", "post")),
             ("mlp", ("gelu", "swiglu", "none")),
+            ("init", INITS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
@@ -331,6 +342,29 @@ class _Transformer(nn.Module):
         self.head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         if config.tie_weights:
             self.head.weight = self.tok_emb.weight
+        if config.init != "torch":
+            self.reset_weights(generator=None)
+
+    @torch.no_grad()
+    def reset_weights(self, generator: torch.Generator | None = None) -> None:
+        """GPT-2's initialization (``config.init`` ``"normal"`` or ``"scaled"``):
+        every ``nn.Linear`` and ``nn.Embedding`` weight from ``N(0, 0.02^2)``, biases
+        zero, norms at weight 1 and bias 0. With ``"scaled"`` the residual-branch
+        outputs (``attn.out_proj``, ``mlp.proj``) get ``0.02 / sqrt(2 n_layers)``:
+        each of the ``2 n_layers`` branches adds to the stream, and variances add."""
+        std, depth = 0.02, 2 * self.config.n_layers
+        residual = set()
+        if self.config.init == "scaled":
+            for block in self.blocks:
+                residual.add(id(block.attn.out_proj.weight))
+                if block.mlp is not None:
+                    residual.add(id(block.mlp.proj.weight))
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                scale = std / depth**0.5 if id(module.weight) in residual else std
+                module.weight.normal_(0.0, scale, generator=generator)
+                if getattr(module, "bias", None) is not None:
+                    module.bias.zero_()
 
     def _positions(
         self, x: torch.Tensor, start: int = 0
@@ -584,14 +618,60 @@ class TinySeq2Seq(nn.Module):
         (True = real token) -> logits ``(B, T, vocab_size)`` for the token after each
         target position; with ``return_weights=True`` also the cross-attention weights
         of every layer, ``(n_layers, B, n_heads, T, S)``."""
+        memory, mask = self.encode(src, src_mask)
+        return self.decode(tgt, memory, mask, return_weights=return_weights)
+
+    def encode(
+        self, src: torch.Tensor, src_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The encoder's final states ``(B, S, d_model)`` and the source mask as the
+        decoder's cross-attention takes it, ``(B, 1, 1, S)`` (or ``None``)."""
         mask = None if src_mask is None else src_mask[:, None, None, :]
-        memory = self.encoder(src, mask, hidden=True)
+        return self.encoder(src, mask, hidden=True), mask
+
+    def decode(
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        *,
+        return_weights: bool = False,
+    ):
+        """The decoder alone, on the encoder's output (:meth:`encode`)."""
         x, weights = self.tok_emb(tgt), []
         for block in self.blocks:
             x, w = block(x, memory, mask, return_weights=True)
             weights.append(w)
         logits = self.head(self.ln_f(x))
         return (logits, torch.stack(weights)) if return_weights else logits
+
+    @torch.no_grad()
+    def generate(
+        self,
+        src: torch.Tensor,
+        src_mask: torch.Tensor | None = None,
+        *,
+        max_len: int,
+        bos: int = BOS,
+        eos: int = EOS,
+    ) -> torch.Tensor:
+        """Greedy decoding: ``(B, T')`` tokens ``y_1 ... eos`` then ``PAD``, ``T' <=
+        max_len`` (it stops when every sequence has written ``eos``). The source is
+        encoded once; the decoder reruns on the growing prefix (a few dozen tokens:
+        no cache needed)."""
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        memory, mask = self.encode(src, src_mask)
+        tgt = torch.full((src.shape[0], 1), bos, dtype=torch.long, device=src.device)
+        done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+        for _ in range(max_len):
+            new = self.decode(tgt, memory, mask)[:, -1].argmax(-1)
+            new = new.masked_fill(done, PAD)
+            tgt = torch.cat([tgt, new[:, None]], dim=1)
+            done |= new == eos
+            if done.all():
+                break
+        return tgt[:, 1:]
 
 
 # --------------------------------------------------------------------------------------
@@ -632,6 +712,31 @@ def head_importance(
     if not sizes:
         raise ValueError("batches is empty")
     return torch.stack(sizes).mean(0)
+
+
+@torch.no_grad()
+def head_ablation(
+    model: nn.Module, loss_fn: Callable[[nn.Module, torch.Tensor], torch.Tensor]
+) -> torch.Tensor:
+    """The loss with each head removed in turn, ``(n_layers, n_heads)``: entry ``(l,
+    h)`` is ``loss_fn(model, head_mask)`` with head ``h`` of layer ``l`` zeroed and
+    every other head kept (the ablation that tells which heads a behaviour needs).
+    ``loss_fn(model, head_mask)`` returns a scalar, e.g. ``cross_entropy(model(x,
+    head_mask=head_mask), y)``; the model runs in eval mode."""
+    param = next(model.parameters())
+    n_layers, n_heads = model.config.n_layers, model.config.n_heads
+    was_training = model.training
+    model.eval()
+    losses = torch.empty(n_layers, n_heads)
+    try:
+        for layer in range(n_layers):
+            for head in range(n_heads):
+                mask = torch.ones(n_layers, n_heads, dtype=param.dtype)
+                mask[layer, head] = 0.0
+                losses[layer, head] = float(loss_fn(model, mask.to(param.device)))
+    finally:
+        model.train(was_training)
+    return losses
 
 
 def drophead_mask(

@@ -1,0 +1,546 @@
+"""The Transformer block counted, initialized, trained on real text and read head by
+head: the code of the chapter on the Transformer block.
+
+The block itself (:class:`attnbook.models.Block`, its norms and feed-forward variants)
+lives in :mod:`attnbook.models`; this module measures it:
+
+* **Counting.** :func:`block_parameters` and :func:`model_parameters` give the
+  parameters of every part from the config (Vaswani et al., 2017; GPT-2's layout);
+  :func:`block_flops` the forward FLOPs of one block on a sequence, its attention part
+  from :func:`attnbook.complexity.attention_flops`.
+* **Initialization.** :func:`residual_stream_rms` reads the size of the residual
+  stream after the embedding and after every block, where GPT-2's depth-scaled
+  initialization (Radford et al., 2019) keeps it level.
+* **Training a language model.** :func:`lm_optimizer` (AdamW with weight decay on the
+  weight matrices only), :func:`train_language_model` (warm-up and cosine decay,
+  gradient clipping, bfloat16 autocast on a GPU) and :func:`bits_per_char` on a
+  held-out split; :func:`sample_text` decodes from a prompt.
+* **Reading the heads.** :func:`text_patterns` finds, in a text, the keys a head would
+  attend to if it looked at the previous character, the start of the current word,
+  the innermost open bracket or the character after the previous occurrence of the
+  current pair (an induction head on real text; Olsson et al., 2022), and
+  :func:`pattern_scores` measures how much weight each head gives them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import Iterator
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .complexity import attention_flops
+from .data import PAD, Task, Vocab, lm_windows, repeated_tokens
+from .models import TinyGPT, TinySeq2Seq, TransformerConfig
+from .train import History, fit, warmup_cosine
+
+__all__ = [
+    "block_parameters",
+    "model_parameters",
+    "block_flops",
+    "residual_stream_rms",
+    "lm_optimizer",
+    "train_language_model",
+    "bits_per_char",
+    "sample_text",
+    "text_patterns",
+    "pattern_scores",
+    "seq2seq_loss",
+    "exact_match",
+    "repeat_losses",
+    "train_on_repeats",
+]
+
+
+# --------------------------------------------------------------------------------------
+# Counting
+# --------------------------------------------------------------------------------------
+def _mlp_hidden(config: TransformerConfig) -> int:
+    if config.mlp == "swiglu":
+        return config.d_ff or 8 * config.d_model // 3
+    return config.d_ff or 4 * config.d_model
+
+
+def block_parameters(config: TransformerConfig) -> dict[str, int]:
+    """Parameters of one :class:`attnbook.models.Block`, part by part.
+
+    With ``d = d_model``, ``d_kv = n_kv_heads * d / n_heads`` and ``f`` the MLP's hidden
+    width:
+
+    * ``attention``: ``W_Q, W_O`` are ``d x d``, ``W_K, W_V`` are ``d x d_kv``, each
+      with a bias: ``2 d^2 + 2 d d_kv + 2 d + 2 d_kv``;
+    * ``mlp``: GELU ``2 d f + f + d`` (``f = 4d``); SwiGLU ``3 d f`` (``f = 8d/3``, no
+      biases); none for attention-only blocks;
+    * ``norms``: ``2 d`` per LayerNorm, ``d`` per RMSNorm, two per block (one without
+      an MLP).
+
+    ``total`` is their sum, about ``12 d^2`` for the GELU block."""
+    d = config.d_model
+    d_kv = (config.n_kv_heads or config.n_heads) * (d // config.n_heads)
+    attention = 2 * d * d + 2 * d * d_kv + 2 * d + 2 * d_kv
+    f = _mlp_hidden(config)
+    mlp = {"gelu": 2 * d * f + f + d, "swiglu": 3 * d * f, "none": 0}[config.mlp]
+    per_norm = 2 * d if config.norm == "layernorm" else d
+    norms = per_norm * (1 if config.mlp == "none" else 2)
+    return {
+        "attention": attention,
+        "mlp": mlp,
+        "norms": norms,
+        "total": attention + mlp + norms,
+    }
+
+
+def model_parameters(config: TransformerConfig) -> dict[str, int]:
+    """Parameters of a :class:`attnbook.models.TinyGPT`: ``embedding`` (``V d``, plus
+    the ``learned`` position table or T5's bias table), ``blocks`` (``n_layers`` times
+    :func:`block_parameters`), ``final_norm`` (none after post-norm blocks), ``head``
+    (``V d``, zero when tied to the embedding) and ``total``."""
+    d, V = config.d_model, config.vocab_size
+    embedding = V * d
+    if config.positional == "learned":
+        embedding += config.max_len * d
+    elif config.positional == "t5":
+        embedding += config.t5_num_buckets * config.n_heads
+    blocks = config.n_layers * block_parameters(config)["total"]
+    final_norm = 0
+    if config.norm_position == "pre":
+        final_norm = 2 * d if config.norm == "layernorm" else d
+    head = 0 if config.tie_weights else V * d
+    return {
+        "embedding": embedding,
+        "blocks": blocks,
+        "final_norm": final_norm,
+        "head": head,
+        "total": embedding + blocks + final_norm + head,
+    }
+
+
+def block_flops(config: TransformerConfig, seq_len: int, batch: int = 1) -> dict:
+    """Forward FLOPs of one block on ``batch`` sequences of ``seq_len`` tokens (2 per
+    multiply-add, matrix products only, as PyTorch's FLOP counter counts them).
+
+    ``attention``: :func:`attnbook.complexity.attention_flops`'s matrix products
+    (projections, scores, weighted sum; a causal mask still computes every score);
+    ``mlp``: ``2 B n d f`` per weight matrix (two for GELU, three for SwiGLU);
+    ``total``: both; ``per_token``: ``total / (B n)``. Training costs about three times
+    the forward (the backward computes two products per forward one)."""
+    att = attention_flops(
+        seq_len, config.d_model, config.n_heads, batch, n_kv_heads=config.n_kv_heads
+    )["matmul"]
+    matrices = {"gelu": 2, "swiglu": 3, "none": 0}[config.mlp]
+    mlp = matrices * 2 * batch * seq_len * config.d_model * _mlp_hidden(config)
+    return {
+        "attention": att,
+        "mlp": mlp,
+        "total": att + mlp,
+        "per_token": (att + mlp) / (batch * seq_len),
+    }
+
+
+# --------------------------------------------------------------------------------------
+# Initialization: the size of the residual stream
+# --------------------------------------------------------------------------------------
+@torch.no_grad()
+def residual_stream_rms(model: nn.Module, idx: torch.Tensor) -> torch.Tensor:
+    """The root-mean-square of the residual stream ``x`` ``(B, T, d)``: after the
+    embedding (entry 0) and after each of ``model.blocks`` (entries 1 ..
+    ``n_layers``), read by forward hooks while ``model(idx)`` runs."""
+    sizes: list[float] = []
+
+    def before(module, args):
+        sizes.append(args[0].pow(2).mean().sqrt().item())
+
+    def after(module, args, output):
+        out = output[0] if isinstance(output, tuple) else output
+        sizes.append(out.pow(2).mean().sqrt().item())
+
+    blocks = list(model.blocks)
+    hooks = [blocks[0].register_forward_pre_hook(before)]
+    hooks += [block.register_forward_hook(after) for block in blocks]
+    try:
+        model(idx)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return torch.tensor(sizes)
+
+
+# --------------------------------------------------------------------------------------
+# Training a language model
+# --------------------------------------------------------------------------------------
+def lm_optimizer(
+    model: nn.Module,
+    lr: float,
+    *,
+    weight_decay: float = 0.1,
+    betas: tuple[float, float] = (0.9, 0.95),
+) -> torch.optim.AdamW:
+    """AdamW (Loshchilov and Hutter, 2019) with two parameter groups: weight decay on
+    the weight matrices and embeddings (tensors of 2 or more dimensions), none on
+    biases and the norms' gains, which set scales rather than store features (GPT-2's
+    and nanoGPT's recipe). ``betas=(0.9, 0.95)``: a shorter memory of the squared
+    gradient than Adam's default 0.999, steadier for transformers."""
+    if lr <= 0 or weight_decay < 0:
+        raise ValueError(
+            f"lr must be positive and weight_decay non-negative, got {lr}, "
+            f"{weight_decay}"
+        )
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=lr, betas=betas)
+
+
+class _Windows:
+    """``steps`` random training windows, drawn lazily (``len`` for the progress
+    bar)."""
+
+    def __init__(self, ids, steps, block_size, batch_size, generator):
+        self.args = (ids, block_size, batch_size, generator)
+        self.steps = steps
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        for _ in range(self.steps):
+            yield lm_windows(*self.args)
+
+
+def _autocast(device: torch.device, enabled: bool):
+    """bfloat16 autocast on a GPU that supports it; nothing elsewhere."""
+    if enabled and device.type == "cuda" and torch.cuda.is_bf16_supported():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def train_language_model(
+    model: TinyGPT,
+    ids: torch.Tensor,
+    *,
+    steps: int,
+    block_size: int,
+    batch_size: int,
+    lr: float,
+    warmup: int = 0,
+    min_lr: float | None = None,
+    weight_decay: float = 0.1,
+    grad_clip: float | None = 1.0,
+    mixed_precision: bool = True,
+    generator: torch.Generator | None = None,
+    progress: bool = True,
+) -> History:
+    """Train ``model`` for ``steps`` optimizer steps on random windows of the 1-D id
+    tensor ``ids`` (next-character cross-entropy), with the usual recipe:
+
+    * :func:`lm_optimizer` (AdamW, decay on matrices only);
+    * :func:`attnbook.train.warmup_cosine`: ``warmup`` steps of linear warm-up to
+      ``lr``, then a cosine decay to ``min_lr`` (default ``lr / 10``); ``warmup=0``
+      starts at ``lr``;
+    * gradient clipping at ``grad_clip`` (``None``: none);
+    * with ``mixed_precision`` and a CUDA model, the forward pass in bfloat16
+      (autocast; the weights and the optimizer stay float32, and bfloat16 needs no
+      loss scaling).
+
+    Batches are drawn with ``generator``. Returns :func:`attnbook.train.fit`'s
+    :class:`~attnbook.train.History` (loss in nats and gradient norm per step)."""
+    if steps < 1 or warmup < 0 or warmup >= steps:
+        raise ValueError(
+            f"need steps >= 1 and 0 <= warmup < steps, got {steps}, {warmup}"
+        )
+    min_lr = lr / 10 if min_lr is None else min_lr
+    device = next(model.parameters()).device
+    windows = _Windows(ids.to(device), steps, block_size, batch_size, generator)
+
+    def loss_fn(model, batch):
+        x, y = batch
+        with _autocast(device, mixed_precision):
+            logits = model(x)
+        return F.cross_entropy(logits.float().flatten(0, 1), y.flatten())
+
+    def schedule(step: int) -> float:
+        return warmup_cosine(step, warmup=warmup, total=steps, lr=lr, min_lr=min_lr)
+
+    return fit(
+        model,
+        loss_fn,
+        windows,
+        optimizer=lm_optimizer(model, lr, weight_decay=weight_decay),
+        grad_clip=grad_clip,
+        lr_schedule=schedule,
+        progress=progress,
+    )
+
+
+@torch.no_grad()
+def bits_per_char(
+    model: nn.Module, ids: torch.Tensor, block_size: int, *, batch_size: int = 64
+) -> float:
+    """The model's cross-entropy on every character of ``ids`` after the first, in bits
+    per character: ``ids`` is cut into consecutive windows of ``block_size + 1``
+    characters overlapping by one (the last one shorter), and each window predicts its
+    characters 2 .. from the ones before them in the window. Deterministic: no sampling
+    of windows. Comparable with :func:`attnbook.data.ngram_bits_per_char`."""
+    if ids.dim() != 1 or len(ids) < 2:
+        raise ValueError(f"ids must be 1-D with 2 or more ids, got {tuple(ids.shape)}")
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    starts = list(range(0, len(ids) - 1, block_size))
+    full = [s for s in starts if s + block_size + 1 <= len(ids)]
+    try:
+        for k in range(0, len(full), batch_size):
+            rows = torch.stack(
+                [ids[s : s + block_size + 1] for s in full[k : k + batch_size]]
+            )
+            rows = rows.to(device)
+            logits = model(rows[:, :-1])
+            total += F.cross_entropy(
+                logits.float().flatten(0, 1), rows[:, 1:].flatten(), reduction="sum"
+            ).item()
+            count += rows[:, 1:].numel()
+        for s in starts[len(full) :]:  # the shorter last window
+            row = ids[s:].to(device)[None]
+            logits = model(row[:, :-1])
+            total += F.cross_entropy(
+                logits.float()[0], row[0, 1:], reduction="sum"
+            ).item()
+            count += row.shape[1] - 1
+    finally:
+        model.train(was_training)
+    return total / count / math.log(2)
+
+
+@torch.no_grad()
+def sample_text(
+    model: TinyGPT,
+    vocab: Vocab,
+    prompt: str,
+    n_chars: int,
+    *,
+    temperature: float = 0.8,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> str:
+    """``prompt`` followed by ``n_chars`` characters the model writes
+    (:meth:`attnbook.models.TinyGPT.generate` with a KV cache; ``temperature=0`` is
+    greedy)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    idx = torch.tensor([vocab.encode(prompt)], device=device)
+    try:
+        out = model.generate(
+            idx, n_chars, temperature=temperature, top_k=top_k, generator=generator
+        )
+    finally:
+        model.train(was_training)
+    return "".join(vocab.itos[i] for i in out[0].tolist())
+
+
+# --------------------------------------------------------------------------------------
+# Reading the heads on real text
+# --------------------------------------------------------------------------------------
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def text_patterns(text: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """For each behaviour a head of a character-level model might have, the query
+    positions ``t`` where it is defined in ``text`` and the key ``k(t) <= t`` it points
+    at: ``{name: (queries, keys)}``, two 1-D long tensors each.
+
+    * ``"previous character"``: ``k = t - 1``, for every ``t >= 1``;
+    * ``"start of word"``: for a letter ``t`` that is not the first of its word,
+      ``k`` = the word's first letter (words are runs of letters);
+    * ``"open bracket"``: for ``t`` inside brackets (after an unmatched ``(``, ``[``
+      or ``{``, not on a bracket itself), ``k`` = the innermost open bracket;
+    * ``"induction"``: for ``t`` whose pair ``text[t-1:t+1]`` occurred before, ending
+      at ``j < t - 1`` (the latest such), ``k = j + 1``: the character that followed
+      it, what a head that copies would read (Olsson et al., 2022)."""
+    queries: dict[str, list[int]] = {
+        n: []
+        for n in ("previous character", "start of word", "open bracket", "induction")
+    }
+    keys: dict[str, list[int]] = {n: [] for n in queries}
+
+    def add(name: str, t: int, k: int) -> None:
+        queries[name].append(t)
+        keys[name].append(k)
+
+    word_start, stack, last_pair_end = None, [], {}
+    for t, ch in enumerate(text):
+        if t >= 1:
+            add("previous character", t, t - 1)
+        if ch.isalpha():
+            if word_start is None:
+                word_start = t
+            else:
+                add("start of word", t, word_start)
+        else:
+            word_start = None
+        if ch in _CLOSE:
+            if stack:
+                stack.pop()
+        elif ch in _OPEN:
+            stack.append(t)
+        elif stack:
+            add("open bracket", t, stack[-1])
+        if t >= 1:
+            pair = text[t - 1 : t + 1]
+            j = last_pair_end.get(pair)
+            if j is not None and j < t - 1:
+                add("induction", t, j + 1)
+            last_pair_end[pair] = t
+    return {
+        name: (
+            torch.tensor(queries[name], dtype=torch.long),
+            torch.tensor(keys[name], dtype=torch.long),
+        )
+        for name in queries
+    }
+
+
+def pattern_scores(
+    weights: torch.Tensor, patterns: dict[str, tuple[torch.Tensor, torch.Tensor]]
+) -> dict[str, tuple[torch.Tensor, float]]:
+    """How much weight each head puts where each pattern points.
+
+    ``weights``: ``(n_layers, n_heads, T, T)`` causal self-attention weights of one
+    text (``TinyGPT(..., return_weights=True)`` at batch index 0); ``patterns``: from
+    :func:`text_patterns` on the same ``T`` characters. Returns ``{name: (scores,
+    chance)}``: ``scores`` ``(n_layers, n_heads)`` is the mean weight on ``k(t)`` over
+    the pattern's queries, ``chance`` what a head that spreads its weight uniformly
+    over the visible keys would score, the mean of ``1 / (t + 1)``."""
+    if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(
+            f"weights must be (n_layers, n_heads, T, T), got {tuple(weights.shape)}"
+        )
+    T = weights.shape[-1]
+    out = {}
+    for name, (q, k) in patterns.items():
+        keep = q < T
+        q, k = q[keep], k[keep]
+        if len(q) == 0:
+            continue
+        scores = weights[..., q, k].mean(-1)
+        out[name] = (scores, (1.0 / (q.double() + 1)).mean().item())
+    return out
+
+
+# --------------------------------------------------------------------------------------
+# The encoder-decoder on a string task
+# --------------------------------------------------------------------------------------
+def seq2seq_loss(model: TinySeq2Seq, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Token cross-entropy with teacher forcing for a :class:`~attnbook.models.
+    TinySeq2Seq` on a :class:`attnbook.data.Task` batch: the decoder reads ``tgt[:,
+    :-1]`` (``BOS y_1 ...``) and predicts ``tgt[:, 1:]``; padding is ignored."""
+    logits = model(batch["src"], batch["tgt"][:, :-1], batch["src_mask"])
+    return F.cross_entropy(
+        logits.flatten(0, 1), batch["tgt"][:, 1:].flatten(), ignore_index=PAD
+    )
+
+
+@torch.no_grad()
+def exact_match(
+    model: TinySeq2Seq, task: Task, pairs=None, *, batch_size: int = 500
+) -> float:
+    """Fraction of ``pairs`` (default ``task.test``) whose greedy output
+    (:meth:`~attnbook.models.TinySeq2Seq.generate`) equals the target string."""
+    pairs = task.test if pairs is None else pairs
+    was_training = model.training
+    model.eval()
+    correct = 0
+    try:
+        for k in range(0, len(pairs), batch_size):
+            chunk = pairs[k : k + batch_size]
+            batch = task.encode(chunk)
+            tokens = model.generate(
+                batch["src"], batch["src_mask"], max_len=batch["tgt"].shape[1]
+            )
+            known = len(task.tgt_vocab)  # a shared vocabulary can hold more ids
+            correct += sum(
+                int(row.max()) < known and task.tgt_vocab.decode(row) == target
+                for row, (_, target) in zip(tokens, chunk)
+            )
+    finally:
+        model.train(was_training)
+    return correct / len(pairs)
+
+
+# --------------------------------------------------------------------------------------
+# Induction heads on repeated random tokens
+# --------------------------------------------------------------------------------------
+def repeat_losses(
+    model: nn.Module, tokens: torch.Tensor, period: int, head_mask=None
+) -> tuple[float, float]:
+    """The next-token loss (nats) of ``model`` on ``tokens`` ``(B, 2 period)`` from
+    :func:`attnbook.data.repeated_tokens`, split into the first half (random: nothing
+    to learn beyond ``ln V``) and the repeated half (predictable by copying). Targets
+    ``1 .. period - 1`` are the first half, ``period .. 2 period - 1`` the second."""
+    logits = model(tokens[:, :-1], head_mask=head_mask)
+    losses = F.cross_entropy(
+        logits.float().transpose(1, 2), tokens[:, 1:], reduction="none"
+    )
+    first, second = losses[:, : period - 1], losses[:, period - 1 :]
+    return first.mean().item(), second.mean().item()
+
+
+def train_on_repeats(
+    model: TinyGPT,
+    *,
+    steps: int,
+    batch_size: int,
+    periods: tuple[int, int],
+    lr: float,
+    eval_every: int,
+    eval_tokens: torch.Tensor,
+    generator: torch.Generator | None = None,
+    progress: bool = True,
+) -> dict[str, list[float]]:
+    """Train ``model`` on :func:`attnbook.data.repeated_tokens` with a period drawn
+    for every batch uniformly from ``periods = (low, high)`` (a period that changes is
+    what makes a previous-token head necessary: with a fixed one, position alone finds
+    the token to copy), AdamW at a constant ``lr``.
+
+    Every ``eval_every`` steps, the losses of :func:`repeat_losses` on the held-out
+    ``eval_tokens`` ``(B, 2 p)``. Returns ``{"step", "first_half",
+    "repeated_half"}``: the curves in which the phase change shows."""
+    if steps % eval_every:
+        raise ValueError(f"steps={steps} must be a multiple of eval_every={eval_every}")
+    low, high = periods
+    vocab = model.config.vocab_size
+    period = eval_tokens.shape[1] // 2
+    curves = {"step": [], "first_half": [], "repeated_half": []}
+
+    def batches():
+        for _ in range(eval_every):
+            p = int(torch.randint(low, high + 1, (1,), generator=generator))
+            yield repeated_tokens(batch_size, p, vocab, generator=generator)
+
+    def loss_fn(model, tokens):
+        logits = model(tokens[:, :-1])
+        return F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten())
+
+    def evaluate(model):
+        first, second = repeat_losses(model, eval_tokens, period)
+        curves["step"].append(len(curves["step"]) * eval_every + eval_every)
+        curves["first_half"].append(first)
+        curves["repeated_half"].append(second)
+        return {"repeated_half": second}
+
+    fit(
+        model,
+        loss_fn,
+        batches,
+        epochs=steps // eval_every,
+        optimizer=torch.optim.AdamW(model.parameters(), lr=lr),
+        eval_fn=evaluate,
+        progress=progress,
+    )
+    return curves

@@ -1,0 +1,318 @@
+"""The chapter on the Transformer block: counts against the modules' own parameters and
+PyTorch's FLOP counter, the training recipe, bits per character against a direct count,
+the head patterns against hand-made texts, the encoder-decoder's greedy decoding against
+its forward pass."""
+
+import math
+
+import pytest
+import torch
+from torch.nn import functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+from attnbook import data, models, transformer
+from attnbook.models import TransformerConfig
+
+CONFIGS = [
+    dict(),
+    dict(norm="rmsnorm"),
+    dict(mlp="swiglu"),
+    dict(mlp="none"),
+    dict(n_kv_heads=2),
+    dict(n_kv_heads=1, mlp="swiglu", norm="rmsnorm"),
+    dict(d_ff=100),
+    dict(norm_position="post"),
+]
+
+
+def _numel(module) -> int:
+    return sum(p.numel() for p in module.parameters())  # shared tensors counted once
+
+
+@pytest.mark.parametrize("options", CONFIGS, ids=str)
+def test_block_parameters_equal_the_blocks_own(options):
+    config = TransformerConfig(d_model=48, n_heads=4, **options)
+    counted = transformer.block_parameters(config)
+    block = models.Block(config, is_causal=True)
+    assert counted["total"] == _numel(block)
+    assert counted["attention"] == _numel(block.attn)
+    assert counted["mlp"] == (0 if block.mlp is None else _numel(block.mlp))
+
+
+@pytest.mark.parametrize(
+    "options",
+    CONFIGS
+    + [
+        dict(tie_weights=True),
+        dict(positional="learned", max_len=40),
+        dict(positional="t5"),
+        dict(norm_position="post", tie_weights=True, positional="alibi"),
+    ],
+    ids=str,
+)
+def test_model_parameters_equal_the_models_own(options):
+    config = TransformerConfig(vocab_size=37, d_model=32, n_heads=4, n_layers=3, **options)
+    assert transformer.model_parameters(config)["total"] == _numel(models.TinyGPT(config))
+
+
+def test_swiglu_holds_as_many_weights_as_gelu_without_biases():
+    d = 96
+    gelu = transformer.block_parameters(TransformerConfig(d_model=d, n_heads=4))["mlp"]
+    swiglu = transformer.block_parameters(
+        TransformerConfig(d_model=d, n_heads=4, mlp="swiglu")
+    )["mlp"]
+    assert swiglu == 8 * d * d and gelu == 8 * d * d + 5 * d
+
+
+@pytest.mark.parametrize(
+    "options", [dict(), dict(mlp="swiglu"), dict(n_kv_heads=1), dict(mlp="none")], ids=str
+)
+def test_block_flops_equal_pytorchs_flop_counter(options):
+    config = TransformerConfig(d_model=32, n_heads=4, positional="none", **options)
+    block = models.Block(config, is_causal=True)
+    x = torch.randn(3, 11, 32)
+    with FlopCounterMode(display=False) as counter:
+        block(x)
+    counted = transformer.block_flops(config, seq_len=11, batch=3)
+    assert counted["total"] == counter.get_total_flops()
+    assert counted["per_token"] == counted["total"] / 33
+
+
+def test_residual_stream_rms_reads_the_stream_and_scaled_init_keeps_it_level():
+    torch.manual_seed(0)
+    idx = torch.randint(0, 50, (4, 32))
+    growth = {}
+    for init in ("normal", "scaled"):
+        config = TransformerConfig(vocab_size=50, n_layers=24, init=init, positional="none")
+        model = models.TinyGPT(config)
+        rms = transformer.residual_stream_rms(model, idx)
+        assert rms.shape == (25,)
+        emb = model.tok_emb(idx)
+        assert rms[0] == pytest.approx(emb.pow(2).mean().sqrt().item(), rel=1e-5)
+        x = emb
+        for block in model.blocks:
+            x = block(x)
+        assert rms[-1] == pytest.approx(x.pow(2).mean().sqrt().item(), rel=1e-5)
+        growth[init] = (rms[-1] / rms[0]).item()
+    assert growth["scaled"] < growth["normal"] / 1.5
+
+
+def test_init_options_draw_gpt2s_standard_deviations_and_default_is_unchanged():
+    config = TransformerConfig(d_model=256, n_heads=4, n_layers=8, vocab_size=300)
+    torch.manual_seed(1)
+    default = models.TinyGPT(config)
+    torch.manual_seed(1)
+    again = models.TinyGPT(TransformerConfig(**{**config.__dict__, "init": "torch"}))
+    for a, b in zip(default.parameters(), again.parameters()):
+        assert torch.equal(a, b)
+    scaled = models.TinyGPT(TransformerConfig(**{**config.__dict__, "init": "scaled"}))
+    block = scaled.blocks[3]
+    assert block.attn.q_proj.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert block.attn.out_proj.weight.std().item() == pytest.approx(0.02 / 4, rel=0.05)
+    assert block.mlp.proj.weight.std().item() == pytest.approx(0.02 / 4, rel=0.05)
+    assert torch.all(block.attn.q_proj.bias == 0) and torch.all(block.ln1.weight == 1)
+    with pytest.raises(ValueError, match="init must be one of"):
+        TransformerConfig(init="xavier")
+
+
+def test_lm_optimizer_decays_the_matrices_only():
+    model = models.TinyGPT(TransformerConfig(vocab_size=20, tie_weights=True))
+    opt = transformer.lm_optimizer(model, 1e-3, weight_decay=0.2)
+    decay, plain = opt.param_groups
+    assert decay["weight_decay"] == 0.2 and plain["weight_decay"] == 0.0
+    assert all(p.dim() >= 2 for p in decay["params"])
+    assert all(p.dim() == 1 for p in plain["params"])
+    ids = {id(p) for g in opt.param_groups for p in g["params"]}
+    assert ids == {id(p) for p in model.parameters()}  # every parameter once
+    with pytest.raises(ValueError, match="lr must be positive"):
+        transformer.lm_optimizer(model, 0.0)
+
+
+class _Uniform(torch.nn.Module):
+    """A language model that knows nothing: equal logits for every character."""
+
+    def __init__(self, vocab):
+        super().__init__()
+        self.vocab = vocab
+        self.p = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, idx):
+        return torch.zeros(*idx.shape, self.vocab) + self.p
+
+
+def test_bits_per_char_is_log2_v_for_a_uniform_model_and_counts_every_character():
+    ids = torch.randint(0, 13, (1000,))
+    assert transformer.bits_per_char(_Uniform(13), ids, 64) == pytest.approx(math.log2(13))
+
+
+def test_bits_per_char_equals_a_direct_sum_over_windows():
+    torch.manual_seed(0)
+    model = models.TinyGPT(TransformerConfig(vocab_size=11, n_layers=1))
+    ids = torch.randint(0, 11, (203,))  # 203 = 10 windows of 20 predictions + 2
+    total, count = 0.0, 0
+    for start in range(0, 202, 20):
+        window = ids[start : start + 21]
+        logits = model(window[None, :-1])[0]
+        total += F.cross_entropy(logits, window[1:], reduction="sum").item()
+        count += len(window) - 1
+    assert count == 202
+    got = transformer.bits_per_char(model, ids, 20, batch_size=3)
+    assert got == pytest.approx(total / count / math.log(2), rel=1e-6)
+
+
+def test_train_language_model_learns_a_periodic_text_with_the_recipe():
+    torch.manual_seed(0)
+    ids = torch.tensor([3, 4, 5, 6, 7] * 200)
+    model = models.TinyGPT(TransformerConfig(vocab_size=8, d_model=32, n_layers=1))
+    before = transformer.bits_per_char(model, ids, 32)
+    history = transformer.train_language_model(
+        model,
+        ids,
+        steps=60,
+        block_size=32,
+        batch_size=8,
+        lr=1e-2,
+        warmup=10,
+        generator=torch.Generator().manual_seed(0),
+        progress=False,
+    )
+    assert len(history.losses) == 60
+    after = transformer.bits_per_char(model, ids, 32)
+    assert before > 2.0 and after < 0.3
+    with pytest.raises(ValueError, match="warmup"):
+        transformer.train_language_model(
+            model, ids, steps=5, block_size=8, batch_size=2, lr=1e-3, warmup=5
+        )
+
+
+def test_sample_text_starts_with_the_prompt_and_greedy_is_deterministic():
+    vocab = data.Vocab("abc ")
+    torch.manual_seed(0)
+    model = models.TinyGPT(TransformerConfig(vocab_size=len(vocab), n_layers=1))
+    a = transformer.sample_text(model, vocab, "ab", 10, temperature=0.0)
+    b = transformer.sample_text(model, vocab, "ab", 10, temperature=0.0)
+    ids = model.generate(torch.tensor([vocab.encode("ab")]), 10)[0]
+    assert a == b == "".join(vocab.itos[i] for i in ids) and a.startswith("ab")
+    s = transformer.sample_text(
+        model, vocab, "a", 5, generator=torch.Generator().manual_seed(0)
+    )
+    assert s.startswith("a") and model.training
+
+
+def test_text_patterns_point_where_the_definitions_say():
+    text = "ab (cd ef) ab"
+    p = transformer.text_patterns(text)
+    q, k = p["previous character"]
+    assert q.tolist() == list(range(1, len(text))) and (q - k).eq(1).all()
+    q, k = p["start of word"]
+    assert dict(zip(q.tolist(), k.tolist())) == {1: 0, 5: 4, 8: 7, 12: 11}
+    q, k = p["open bracket"]
+    assert dict(zip(q.tolist(), k.tolist())) == {t: 3 for t in (4, 5, 6, 7, 8)}
+    q, k = p["induction"]  # "ab" at 11-12 repeats "ab" at 0-1: key 2, the " " after it
+    assert dict(zip(q.tolist(), k.tolist())) == {12: 2}
+    nested = transformer.text_patterns("f(a[b]c)")["open bracket"]
+    assert dict(zip(*[t.tolist() for t in nested])) == {2: 1, 4: 3, 6: 1}
+
+
+def test_pattern_scores_are_one_for_a_head_that_does_exactly_that():
+    text = "one (two) three (four) one two"
+    patterns = transformer.text_patterns(text)
+    T = len(text)
+    weights = torch.zeros(2, 3, T, T)
+    weights[..., 0, 0] = 1.0
+    q, k = patterns["previous character"]
+    weights[0, 1, q, k] = 1.0
+    for t in range(1, T):
+        weights[1, 2, t, : t + 1] = 1.0 / (t + 1)  # uniform over the visible keys
+    scores = transformer.pattern_scores(weights, patterns)
+    prev, chance = scores["previous character"]
+    assert prev.shape == (2, 3) and prev[0, 1] == 1.0 and prev[0, 0] == 0.0
+    assert prev[1, 2].item() == pytest.approx(chance)
+    assert chance == pytest.approx(sum(1 / (t + 1) for t in range(1, T)) / (T - 1))
+    with pytest.raises(ValueError, match="n_layers, n_heads, T, T"):
+        transformer.pattern_scores(weights[0, 0], patterns)
+
+
+def test_repeat_losses_split_the_halves():
+    tokens = data.repeated_tokens(4, 6, 9, generator=torch.Generator().manual_seed(0))
+    first, second = transformer.repeat_losses(_UniformGPT(9), tokens, 6)
+    assert first == pytest.approx(math.log(9)) and second == pytest.approx(math.log(9))
+
+
+class _UniformGPT(_Uniform):
+    def forward(self, idx, head_mask=None):
+        return super().forward(idx)
+
+
+def test_train_on_repeats_records_the_curves():
+    torch.manual_seed(0)
+    model = models.TinyGPT(TransformerConfig(vocab_size=16, n_layers=2, mlp="none"))
+    held_out = data.repeated_tokens(8, 10, 16, generator=torch.Generator().manual_seed(1))
+    curves = transformer.train_on_repeats(
+        model,
+        steps=20,
+        batch_size=4,
+        periods=(4, 12),
+        lr=1e-3,
+        eval_every=10,
+        eval_tokens=held_out,
+        generator=torch.Generator().manual_seed(0),
+        progress=False,
+    )
+    assert curves["step"] == [10, 20]
+    assert len(curves["first_half"]) == len(curves["repeated_half"]) == 2
+    with pytest.raises(ValueError, match="multiple of eval_every"):
+        transformer.train_on_repeats(
+            model, steps=15, batch_size=4, periods=(4, 8), lr=1e-3,
+            eval_every=10, eval_tokens=held_out,
+        )
+
+
+def test_seq2seq_generate_is_the_argmax_of_the_forward_pass_and_stops_at_eos():
+    torch.manual_seed(0)
+    model = models.TinySeq2Seq(TransformerConfig(vocab_size=12, n_layers=2)).eval()
+    src = torch.randint(3, 12, (5, 7))
+    mask = torch.ones(5, 7, dtype=torch.bool)
+    mask[1, 4:] = False
+    tokens = model.generate(src, mask, max_len=6)
+    prefix = torch.full((5, 1), data.BOS)
+    for t in range(tokens.shape[1]):
+        expected = model(src, prefix, mask)[:, -1].argmax(-1)
+        alive = (prefix[:, 1:] != data.EOS).all(1) & (prefix[:, 1:] != data.PAD).all(1)
+        assert torch.equal(tokens[alive, t], expected[alive])
+        assert (tokens[~alive, t] == data.PAD).all()
+        prefix = torch.cat([prefix, tokens[:, t : t + 1]], dim=1)
+    with pytest.raises(ValueError, match="max_len"):
+        model.generate(src, mask, max_len=0)
+
+
+def test_seq2seq_trains_on_dates_and_exact_match_counts_strings():
+    task = data.date_task(n_train=64, n_test=16, generator=torch.Generator().manual_seed(0))
+    vocab = max(len(task.src_vocab), len(task.tgt_vocab))
+    torch.manual_seed(0)
+    model = models.TinySeq2Seq(TransformerConfig(vocab_size=vocab, n_layers=1))
+    batch = task.encode(task.train[:8])
+    loss = transformer.seq2seq_loss(model, batch)
+    logits = model(batch["src"], batch["tgt"][:, :-1], batch["src_mask"])
+    real = batch["tgt"][:, 1:] != data.PAD
+    manual = F.cross_entropy(logits[real], batch["tgt"][:, 1:][real])
+    assert loss.item() == pytest.approx(manual.item(), rel=1e-6)
+    assert transformer.exact_match(model, task) == 0.0  # untrained
+    assert model.training
+
+
+def test_head_ablation_equals_the_loss_with_that_head_masked():
+    torch.manual_seed(0)
+    model = models.TinyGPT(TransformerConfig(vocab_size=10, n_layers=2, mlp="none"))
+    x = torch.randint(0, 10, (2, 9))
+
+    def loss_fn(model, head_mask):
+        return F.cross_entropy(model(x[:, :-1], head_mask=head_mask).flatten(0, 1),
+                               x[:, 1:].flatten())
+
+    losses = models.head_ablation(model, loss_fn)
+    assert losses.shape == (2, 4)
+    mask = torch.ones(2, 4)
+    mask[1, 2] = 0
+    assert losses[1, 2].item() == pytest.approx(loss_fn(model, mask).item())
+    assert len(set(losses.flatten().tolist())) > 1
