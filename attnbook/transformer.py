@@ -360,12 +360,20 @@ def text_patterns(text: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
       ``k`` = the word's first letter (words are runs of letters);
     * ``"open bracket"``: for ``t`` inside brackets (after an unmatched ``(``, ``[``
       or ``{``, not on a bracket itself), ``k`` = the innermost open bracket;
+    * ``"open quote"``: for ``t`` inside double quotes (after an odd number of ``"``,
+      not on a quote itself), ``k`` = the opening quote;
     * ``"induction"``: for ``t`` whose pair ``text[t-1:t+1]`` occurred before, ending
       at ``j < t - 1`` (the latest such), ``k = j + 1``: the character that followed
       it, what a head that copies would read (Olsson et al., 2022)."""
     queries: dict[str, list[int]] = {
         n: []
-        for n in ("previous character", "start of word", "open bracket", "induction")
+        for n in (
+            "previous character",
+            "start of word",
+            "open bracket",
+            "open quote",
+            "induction",
+        )
     }
     keys: dict[str, list[int]] = {n: [] for n in queries}
 
@@ -373,7 +381,7 @@ def text_patterns(text: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         queries[name].append(t)
         keys[name].append(k)
 
-    word_start, stack, last_pair_end = None, [], {}
+    word_start, stack, quote, last_pair_end = None, [], None, {}
     for t, ch in enumerate(text):
         if t >= 1:
             add("previous character", t, t - 1)
@@ -391,6 +399,10 @@ def text_patterns(text: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
             stack.append(t)
         elif stack:
             add("open bracket", t, stack[-1])
+        if ch == '"':
+            quote = t if quote is None else None
+        elif quote is not None:
+            add("open quote", t, quote)
         if t >= 1:
             pair = text[t - 1 : t + 1]
             j = last_pair_end.get(pair)
@@ -437,9 +449,10 @@ def pattern_scores(
 # The encoder-decoder on a string task
 # --------------------------------------------------------------------------------------
 def seq2seq_loss(model: TinySeq2Seq, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Token cross-entropy with teacher forcing for a :class:`~attnbook.models.
-    TinySeq2Seq` on a :class:`attnbook.data.Task` batch: the decoder reads ``tgt[:,
-    :-1]`` (``BOS y_1 ...``) and predicts ``tgt[:, 1:]``; padding is ignored."""
+    """Token cross-entropy with teacher forcing for a
+    :class:`~attnbook.models.TinySeq2Seq` on a :class:`attnbook.data.Task` batch: the
+    decoder reads ``tgt[:, :-1]`` (``BOS y_1 ...``) and predicts ``tgt[:, 1:]``;
+    padding is ignored."""
     logits = model(batch["src"], batch["tgt"][:, :-1], batch["src_mask"])
     return F.cross_entropy(
         logits.flatten(0, 1), batch["tgt"][:, 1:].flatten(), ignore_index=PAD

@@ -51,8 +51,12 @@ def test_block_parameters_equal_the_blocks_own(options):
     ids=str,
 )
 def test_model_parameters_equal_the_models_own(options):
-    config = TransformerConfig(vocab_size=37, d_model=32, n_heads=4, n_layers=3, **options)
-    assert transformer.model_parameters(config)["total"] == _numel(models.TinyGPT(config))
+    config = TransformerConfig(
+        vocab_size=37, d_model=32, n_heads=4, n_layers=3, **options
+    )
+    assert transformer.model_parameters(config)["total"] == _numel(
+        models.TinyGPT(config)
+    )
 
 
 def test_swiglu_holds_as_many_weights_as_gelu_without_biases():
@@ -65,7 +69,9 @@ def test_swiglu_holds_as_many_weights_as_gelu_without_biases():
 
 
 @pytest.mark.parametrize(
-    "options", [dict(), dict(mlp="swiglu"), dict(n_kv_heads=1), dict(mlp="none")], ids=str
+    "options",
+    [dict(), dict(mlp="swiglu"), dict(n_kv_heads=1), dict(mlp="none")],
+    ids=str,
 )
 def test_block_flops_equal_pytorchs_flop_counter(options):
     config = TransformerConfig(d_model=32, n_heads=4, positional="none", **options)
@@ -83,7 +89,9 @@ def test_residual_stream_rms_reads_the_stream_and_scaled_init_keeps_it_level():
     idx = torch.randint(0, 50, (4, 32))
     growth = {}
     for init in ("normal", "scaled"):
-        config = TransformerConfig(vocab_size=50, n_layers=24, init=init, positional="none")
+        config = TransformerConfig(
+            vocab_size=50, n_layers=24, init=init, positional="none"
+        )
         model = models.TinyGPT(config)
         rms = transformer.residual_stream_rms(model, idx)
         assert rms.shape == (25,)
@@ -142,7 +150,9 @@ class _Uniform(torch.nn.Module):
 
 def test_bits_per_char_is_log2_v_for_a_uniform_model_and_counts_every_character():
     ids = torch.randint(0, 13, (1000,))
-    assert transformer.bits_per_char(_Uniform(13), ids, 64) == pytest.approx(math.log2(13))
+    assert transformer.bits_per_char(_Uniform(13), ids, 64) == pytest.approx(
+        math.log2(13)
+    )
 
 
 def test_bits_per_char_equals_a_direct_sum_over_windows():
@@ -210,6 +220,8 @@ def test_text_patterns_point_where_the_definitions_say():
     assert dict(zip(q.tolist(), k.tolist())) == {t: 3 for t in (4, 5, 6, 7, 8)}
     q, k = p["induction"]  # "ab" at 11-12 repeats "ab" at 0-1: key 2, the " " after it
     assert dict(zip(q.tolist(), k.tolist())) == {12: 2}
+    quoted = transformer.text_patterns('a "bc" d "e')["open quote"]
+    assert dict(zip(*[t.tolist() for t in quoted])) == {3: 2, 4: 2, 10: 9}
     nested = transformer.text_patterns("f(a[b]c)")["open bracket"]
     assert dict(zip(*[t.tolist() for t in nested])) == {2: 1, 4: 3, 6: 1}
 
@@ -247,7 +259,9 @@ class _UniformGPT(_Uniform):
 def test_train_on_repeats_records_the_curves():
     torch.manual_seed(0)
     model = models.TinyGPT(TransformerConfig(vocab_size=16, n_layers=2, mlp="none"))
-    held_out = data.repeated_tokens(8, 10, 16, generator=torch.Generator().manual_seed(1))
+    held_out = data.repeated_tokens(
+        8, 10, 16, generator=torch.Generator().manual_seed(1)
+    )
     curves = transformer.train_on_repeats(
         model,
         steps=20,
@@ -263,8 +277,13 @@ def test_train_on_repeats_records_the_curves():
     assert len(curves["first_half"]) == len(curves["repeated_half"]) == 2
     with pytest.raises(ValueError, match="multiple of eval_every"):
         transformer.train_on_repeats(
-            model, steps=15, batch_size=4, periods=(4, 8), lr=1e-3,
-            eval_every=10, eval_tokens=held_out,
+            model,
+            steps=15,
+            batch_size=4,
+            periods=(4, 8),
+            lr=1e-3,
+            eval_every=10,
+            eval_tokens=held_out,
         )
 
 
@@ -287,7 +306,9 @@ def test_seq2seq_generate_is_the_argmax_of_the_forward_pass_and_stops_at_eos():
 
 
 def test_seq2seq_trains_on_dates_and_exact_match_counts_strings():
-    task = data.date_task(n_train=64, n_test=16, generator=torch.Generator().manual_seed(0))
+    task = data.date_task(
+        n_train=64, n_test=16, generator=torch.Generator().manual_seed(0)
+    )
     vocab = max(len(task.src_vocab), len(task.tgt_vocab))
     torch.manual_seed(0)
     model = models.TinySeq2Seq(TransformerConfig(vocab_size=vocab, n_layers=1))
@@ -307,8 +328,9 @@ def test_head_ablation_equals_the_loss_with_that_head_masked():
     x = torch.randint(0, 10, (2, 9))
 
     def loss_fn(model, head_mask):
-        return F.cross_entropy(model(x[:, :-1], head_mask=head_mask).flatten(0, 1),
-                               x[:, 1:].flatten())
+        return F.cross_entropy(
+            model(x[:, :-1], head_mask=head_mask).flatten(0, 1), x[:, 1:].flatten()
+        )
 
     losses = models.head_ablation(model, loss_fn)
     assert losses.shape == (2, 4)

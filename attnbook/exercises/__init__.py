@@ -110,5 +110,6 @@ from . import (  # noqa: E402,F401
     positional,
     rnn,
     sparse,
+    transformer,
     vision,
 )
