@@ -23,12 +23,17 @@ Levy & Neubig, 2019) and can return the attention weights of every layer: what h
 pruning (:func:`head_importance`), DropHead (:func:`drophead_mask`) and debugging by
 looking at the weights need.
 
+The attention itself is a setting too: ``attention="mha"`` (the default) is the layer
+above, ``"mla"`` DeepSeek-V2's multi-head latent attention (:class:`LatentAttention`,
+built on :class:`attnbook.serving.MultiHeadLatentAttention`), which caches one
+compressed latent per token instead of every head's key and value.
+
 ``TinyGPT.generate`` decodes greedily or by sampling, with or without a KV cache
-(:class:`attnbook.kvcache.KVCache`). With a cache every forward pass feeds only the new
-tokens: their positions start at ``cache.length``, RoPE rotates the new keys before they
-are stored, and the t5/alibi biases are rebuilt for ``(new queries, all keys)`` from
-positions. On CUDA a one-token step without a bias runs the split-KV Triton kernel
-(:mod:`attnbook.kernels.decode`).
+(:class:`attnbook.kvcache.KVCache`; a latent cache for MLA). With a cache every forward
+pass feeds only the new tokens: their positions start at ``cache.length``, RoPE rotates
+the new keys before they are stored, and the t5/alibi biases are rebuilt for ``(new
+queries, all keys)`` from positions. On CUDA a one-token step without a bias runs the
+split-KV Triton kernel (:mod:`attnbook.kernels.decode`).
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .serving import LatentKVCache, MultiHeadLatentAttention
 from .core import MultiHeadAttention, scaled_dot_product_attention
 from .data import BOS, EOS, PAD
 from .kernels import plan_for
@@ -57,6 +63,7 @@ __all__ = [
     "RMSNorm",
     "TransformerConfig",
     "Attention",
+    "LatentAttention",
     "MLP",
     "Block",
     "TinyGPT",
@@ -70,6 +77,7 @@ __all__ = [
 ]
 
 POSITIONAL_SCHEMES = ("none", "sinusoidal", "learned", "t5", "alibi", "rope")
+ATTENTION_KINDS = ("mha", "mla")
 INITS = ("torch", "normal", "scaled")
 
 
@@ -89,9 +97,15 @@ class TransformerConfig:
     embedding from ``N(0, 0.02^2)`` with zero biases (GPT-2); ``"scaled"`` also divides
     the standard deviation of the two projections that write into the residual stream
     (attention's ``out_proj``, the MLP's ``proj``) by ``sqrt(2 n_layers)`` (Radford et
-    al., 2019), so the stream's variance stays level with depth. The defaults are the
-    pre-norm GELU block with PyTorch's initialization that every chapter trained
-    before these options existed."""
+    al., 2019), so the stream's variance stays level with depth. ``attention``:
+    ``"mha"`` is :class:`Attention` (grouped-query with ``n_kv_heads``); ``"mla"`` is
+    :class:`LatentAttention` (DeepSeek-AI, 2024) with a latent of ``kv_latent_dim``
+    (default ``4 * head_dim``, DeepSeek-V2's ratio), a decoupled rotary part of
+    ``rope_dim`` and, when ``q_latent_dim`` is given, compressed queries; it needs
+    ``positional="rope"`` (its rotary part is the positional scheme) and no
+    ``n_kv_heads``. The defaults are the pre-norm GELU block with PyTorch's
+    initialization and multi-head attention that every chapter trained before these
+    options existed."""
 
     vocab_size: int = 32
     d_model: int = 64
@@ -110,6 +124,10 @@ class TransformerConfig:
     mlp: str = "gelu"  # or "swiglu"
     tie_weights: bool = False  # the output head shares the token embedding
     init: str = "torch"  # or "normal", "scaled" (GPT-2): see _Transformer.reset_weights
+    attention: str = "mha"  # or "mla" (DeepSeek-V2's multi-head latent attention)
+    kv_latent_dim: int | None = None  # MLA: the cached latent, default 4 * head_dim
+    q_latent_dim: int | None = None  # MLA: the query latent (None: no compression)
+    rope_dim: int = 16  # MLA: the width of the decoupled rotary part
 
     def __post_init__(self):
         if self.positional not in POSITIONAL_SCHEMES:
@@ -122,6 +140,7 @@ class TransformerConfig:
             ("norm_position", ("pre", "post")),
             ("mlp", ("gelu", "swiglu", "none")),
             ("init", INITS),
+            ("attention", ATTENTION_KINDS),
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
@@ -130,6 +149,14 @@ class TransformerConfig:
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}"
+            )
+        if self.attention == "mla" and (
+            self.positional != "rope" or self.n_kv_heads is not None
+        ):
+            raise ValueError(
+                "attention='mla' needs positional='rope' (its decoupled rotary part) "
+                "and n_kv_heads=None (every head reads the one latent), got "
+                f"positional={self.positional!r}, n_kv_heads={self.n_kv_heads}"
             )
 
 
@@ -173,11 +200,17 @@ class Attention(MultiHeadAttention):
         q = self._split(self.q_proj(x), self.n_heads)
         k = self._split(self.k_proj(x), self.n_kv_heads)
         v = self._split(self.v_proj(x), self.n_kv_heads)
-        # rotate after the projection, in every layer; cached keys stay rotated
-        if self.rotary is not None:
+        # rotate after the projection, in every layer; cached keys stay rotated, except
+        # in a cache that numbers positions by slot (attention sinks): it stores them
+        # unrotated and they are rotated by their place in the cache at every step
+        in_cache = getattr(cache, "positions_in_cache", False)
+        if self.rotary is not None and not in_cache:
             q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
+            if self.rotary is not None and in_cache:
+                q = self.rotary(q, offset=k.shape[-2] - T)
+                k = self.rotary(k)
             if (
                 T == 1
                 and bias is None
@@ -220,6 +253,55 @@ class Attention(MultiHeadAttention):
                 )
             out = out * head_mask.to(out)[..., None, None]
         return self.out_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class LatentAttention(MultiHeadLatentAttention):
+    """:class:`attnbook.serving.MultiHeadLatentAttention` as the layer of a
+    :class:`Block` (``config.attention="mla"``): the signature of :class:`Attention`
+    (``bias`` is any additive mask, such as the padding mask of
+    ``TinyGPT.forward``), a :class:`attnbook.serving.LatentKVCache` as its
+    cache, which it reads with the up-projections absorbed."""
+
+    def __init__(self, config: TransformerConfig, *, is_causal: bool, layer: int = 0):
+        head_dim = config.d_model // config.n_heads
+        super().__init__(
+            config.d_model,
+            config.n_heads,
+            config.kv_latent_dim or 4 * head_dim,
+            config.rope_dim,
+            q_latent_dim=config.q_latent_dim,
+            rope_base=config.rope_base,
+            dropout=config.dropout,
+            layer=layer,
+        )
+        self.is_causal = is_causal
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        cache: LatentKVCache | None = None,
+        *,
+        head_mask: torch.Tensor | None = None,
+        return_weights: bool = False,
+    ):
+        """As :meth:`Attention.forward`."""
+        return super().forward(
+            x,
+            bias,
+            cache,
+            is_causal=self.is_causal,
+            head_mask=head_mask,
+            return_weights=return_weights,
+        )
+
+
+def _self_attention(
+    config: TransformerConfig, *, is_causal: bool, layer: int
+) -> nn.Module:
+    """The self-attention layer ``config.attention`` names."""
+    kind = LatentAttention if config.attention == "mla" else Attention
+    return kind(config, is_causal=is_causal, layer=layer)
 
 
 class RMSNorm(nn.Module):
@@ -281,7 +363,7 @@ class Block(nn.Module):
         super().__init__()
         self.ln1, self.ln2 = _norm(config), _norm(config)
         self.post = config.norm_position == "post"
-        self.attn = Attention(config, is_causal=is_causal, layer=layer)
+        self.attn = _self_attention(config, is_causal=is_causal, layer=layer)
         self.mlp = None if config.mlp == "none" else MLP(config)
         if self.mlp is None:  # attention-only: one sub-layer, one norm
             self.ln2 = nn.Identity()
@@ -490,16 +572,7 @@ class TinyGPT(_Transformer):
             )
         cache = None
         if use_cache:
-            head_dim = cfg.d_model // cfg.n_heads
-            cache = KVCache(
-                cfg.n_layers,
-                idx.shape[0],
-                cfg.n_kv_heads or cfg.n_heads,
-                head_dim,
-                max(total - 1, 1),
-                dtype=self.tok_emb.weight.dtype,
-                device=idx.device,
-            )
+            cache = self.make_cache(idx.shape[0], max(total - 1, 1), device=idx.device)
         tokens, new = idx, idx
         for _ in range(max_new_tokens):
             if use_cache:
@@ -509,6 +582,35 @@ class TinyGPT(_Transformer):
             new = _next_token(logits, temperature, top_k, generator)
             tokens = torch.cat((tokens, new), dim=1)
         return tokens
+
+    def make_cache(
+        self, batch: int, max_len: int, *, device=None
+    ) -> KVCache | LatentKVCache:
+        """An empty cache for ``batch`` sequences of up to ``max_len`` positions, in the
+        model's dtype (and device, unless given): a :class:`attnbook.kvcache.KVCache`,
+        or with ``attention="mla"`` a :class:`attnbook.serving.LatentKVCache`."""
+        cfg, weight = self.config, self.tok_emb.weight
+        device = weight.device if device is None else device
+        if cfg.attention == "mla":
+            attn = self.blocks[0].attn
+            return LatentKVCache(
+                cfg.n_layers,
+                batch,
+                attn.kv_latent_dim,
+                attn.rope_dim,
+                max_len,
+                dtype=weight.dtype,
+                device=device,
+            )
+        return KVCache(
+            cfg.n_layers,
+            batch,
+            cfg.n_kv_heads or cfg.n_heads,
+            cfg.d_model // cfg.n_heads,
+            max_len,
+            dtype=weight.dtype,
+            device=device,
+        )
 
 
 def _next_token(
@@ -545,7 +647,7 @@ class DecoderBlock(nn.Module):
         super().__init__()
         self.ln1, self.ln2, self.ln3 = _norm(config), _norm(config), _norm(config)
         self.post = config.norm_position == "post"
-        self.attn = Attention(config, is_causal=True, layer=layer)
+        self.attn = _self_attention(config, is_causal=True, layer=layer)
         self.cross = MultiHeadAttention(
             config.d_model, config.n_heads, config.n_kv_heads, dropout=config.dropout
         )

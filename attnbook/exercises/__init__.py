@@ -109,6 +109,7 @@ from . import (  # noqa: E402,F401
     linear,
     positional,
     rnn,
+    serving,
     sparse,
     transformer,
     vision,
