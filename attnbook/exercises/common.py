@@ -13,6 +13,7 @@ import torch
 from ..utils import largest_new_tensor as _measure_here
 
 __all__ = [
+    "call_student",
     "generator",
     "fresh_inputs",
     "assert_close",
@@ -92,3 +93,18 @@ def largest_new_tensor(student, *args) -> int:
         return measure(student, *args)
 
     return _measure_here(student, *args)
+
+
+def call_student(student, what: str, *args, note="", **kwargs):
+    """``student(*args, **kwargs)``, its crash (not a stub's ``NotImplementedError``)
+    turned into a failed check that names the case. ``note`` is added to the message:
+    a string, or a function of the exception that returns one."""
+    try:
+        return student(*args, **kwargs)
+    except (NotImplementedError, AssertionError):
+        raise
+    except Exception as err:
+        extra = note(err) if callable(note) else note
+        raise AssertionError(
+            f"{what}: your code raised {type(err).__name__}: {err}.{extra}"
+        ) from None

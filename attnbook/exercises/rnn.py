@@ -8,20 +8,14 @@ from ..complexity import attention_flops, rnn_flops
 from ..core import masked_softmax
 from ..rnn import LocalAttention, LuongAttention, accumulated_coverage, coverage_loss
 from . import register
-from .common import assert_close, assert_int, generator, is_number, real_number
-
-
-def _call(student, what: str, *args, note: str = ""):
-    """``student(*args)``, its crash (not a stub's NotImplementedError) turned into a
-    failed check that names the case."""
-    try:
-        return student(*args)
-    except (NotImplementedError, AssertionError):
-        raise
-    except Exception as err:
-        raise AssertionError(
-            f"{what}: your code raised {type(err).__name__}: {err}.{note}"
-        ) from None
+from .common import (
+    call_student,
+    assert_close,
+    assert_int,
+    generator,
+    is_number,
+    real_number,
+)
 
 
 def _first(where: torch.Tensor) -> int:
@@ -138,7 +132,7 @@ def _check_luong_general(student) -> None:
             for m, how in [(None, "no mask"), (mask, "with a padding mask")]:
                 what = f"B={B}, S={S}, Dq={dq}, Dk={dk}, {how}"
                 padding = None if m is None else ~m  # the module takes True = padding
-                got = _call(
+                got = call_student(
                     student,
                     what,
                     q,

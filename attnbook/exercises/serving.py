@@ -14,21 +14,7 @@ from ..serving import (
     quantize,
 )
 from . import register
-from .common import assert_int, generator
-
-
-def _call(student, what: str, *args, note=None, **kwargs):
-    """``student(*args, **kwargs)``, its crash (not a stub's NotImplementedError)
-    turned into a failed check that names the case; ``note(err)`` adds a pointer."""
-    try:
-        return student(*args, **kwargs)
-    except (NotImplementedError, AssertionError):
-        raise
-    except Exception as err:
-        extra = note(err) if note is not None else ""
-        raise AssertionError(
-            f"{what}: your code raised {type(err).__name__}: {err}.{extra}"
-        ) from None
+from .common import call_student, assert_int, generator
 
 
 def _pick(gen: torch.Generator, options):
@@ -225,7 +211,7 @@ def _check_cache_bytes(student) -> None:
             + ", ".join(f"{name}={value}" for name, value in extra.items())
             + ")"
         )
-        got = _call(student, what, *args, **extra)
+        got = call_student(student, what, *args, **extra)
         assert_int(got, what, "a number of bytes as an int")
         return what, got
 
@@ -509,7 +495,7 @@ def _check_speculative_accept(student) -> None:
 
     def call(case):
         what, p, q, x, u = case
-        got = _call(student, what, p.clone(), q.clone(), x.clone(), u.clone())
+        got = call_student(student, what, p.clone(), q.clone(), x.clone(), u.clone())
         assert isinstance(got, (tuple, list)) and len(got) == 2, (
             f"{what}: return the pair (n_accepted, next_distribution), got "
             f"{type(got).__name__} {got!r}."
@@ -726,7 +712,7 @@ def _check_quantize(student) -> None:
     8 or 4."""
     for what, x, bits, dim in _quant_cases(generator(1003)):
         what = f"{what}, bits={bits}, dim={dim}"
-        got = _call(student, what, x.clone(), bits, dim, note=_keepdim_note)
+        got = call_student(student, what, x.clone(), bits, dim, note=_keepdim_note)
         assert isinstance(got, torch.Tensor), (
             f"{what}: return a torch.Tensor of x's shape {tuple(x.shape)}, got "
             f"{type(got).__name__}."
@@ -884,7 +870,7 @@ def _check_sink_positions(student) -> None:
     def call(case):
         n, s, w = case
         what = f"sink_positions(n_seen={n}, n_sink={s}, window={w})"
-        got = _call(student, what, n, s, w)
+        got = call_student(student, what, n, s, w)
         assert isinstance(got, (list, tuple)), (
             f"{what}: return a list of ints, got {type(got).__name__}"
             + (" (use .tolist())." if isinstance(got, torch.Tensor) else ".")

@@ -11,21 +11,7 @@ import torch.nn.functional as F
 from ..data import ngram_bits_per_char
 from ..models import Block, TransformerConfig, induction_scores
 from . import register
-from .common import assert_close, assert_int, generator, real_number
-
-
-def _call(student, what: str, *args, note=None, **kwargs):
-    """``student(*args, **kwargs)``, its crash (not a stub's NotImplementedError)
-    turned into a failed check that names the case; ``note(err)`` adds a pointer."""
-    try:
-        return student(*args, **kwargs)
-    except (NotImplementedError, AssertionError):
-        raise
-    except Exception as err:
-        extra = note(err) if note is not None else ""
-        raise AssertionError(
-            f"{what}: your code raised {type(err).__name__}: {err}.{extra}"
-        ) from None
+from .common import call_student, assert_close, assert_int, generator, real_number
 
 
 def _close(actual, expected, atol: float, rtol: float) -> bool:
@@ -178,7 +164,9 @@ def _check_rmsnorm(student) -> None:
         weight = 1.0 + 0.5 * torch.randn(d, generator=gen, dtype=torch.float64)
         weight = weight.to(x.dtype)
         what = f"{what}, weight ({d},), eps={eps}"
-        got = _call(student, what, x.clone(), weight.clone(), eps, note=_keepdim_note)
+        got = call_student(
+            student, what, x.clone(), weight.clone(), eps, note=_keepdim_note
+        )
         assert isinstance(got, torch.Tensor), (
             f"{what}: return a torch.Tensor, got {type(got).__name__}."
         )
@@ -394,7 +382,7 @@ def _check_block_parameters(student) -> None:
         what = (
             f"block_parameters(d_model={d}, n_heads={h}, n_kv_heads={kv}, mlp={mlp!r})"
         )
-        got = _call(student, what, d, h, kv, mlp)
+        got = call_student(student, what, d, h, kv, mlp)
         assert_int(
             got, what, "an exact int (use // for d_model // n_heads and 8 * d // 3)"
         )
@@ -582,7 +570,7 @@ def _check_bigram_bits(student) -> None:
     def call(case):
         train, valid, V, alpha = case
         what = describe(*case)
-        got = _call(student, what, train.clone(), valid.clone(), V, alpha=alpha)
+        got = call_student(student, what, train.clone(), valid.clone(), V, alpha=alpha)
         return what, real_number(got, what)
 
     expected = [ngram_bits_per_char(t, v, 2, V, a) for t, v, V, a in cases]
@@ -706,7 +694,7 @@ def _check_prefix_matching(student) -> None:
         causal = torch.ones(T, T, dtype=torch.bool).tril()
         w = torch.softmax(scores.masked_fill(~causal, float("-inf")), -1)
         what = f"weights of shape {(B, H, T, T)}, period={period}"
-        got = _call(student, what, w.clone(), period)
+        got = call_student(student, what, w.clone(), period)
         assert isinstance(got, torch.Tensor), (
             f"{what}: return a torch.Tensor of shape (n_heads,) = ({H},), got "
             f"{type(got).__name__}."
