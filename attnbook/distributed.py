@@ -1,0 +1,805 @@
+"""Attention across devices: the sequence split over the ranks of a process group.
+
+Each of the ``W`` ranks holds a shard ``(B, H, L / W, D)`` of ``q``, ``k`` and ``v``,
+and every rank must end with the exact attention output of its own queries over the
+whole sequence, and in the backward pass with the gradients of its own shards. Two
+ways, one function each:
+
+* :func:`ring_attention` (Liu et al., 2023): the key/value shards travel around a ring
+  of ranks, one hop per step; each rank attends its queries to the block it holds and
+  merges the partial results with the log-sum-exp merge of FlashAttention
+  (:func:`attnbook.flash.merge_partials`). The next block's transfer is posted before
+  the current block is computed, so communication can hide behind compute. Under a
+  causal mask a contiguous split gives the last rank about ``2W - 1`` times the work of
+  the first; the ``"zigzag"`` layout (rank ``r`` holds chunks ``r`` and ``2W - 1 - r``
+  of ``2W``) gives every rank the same work, as striping does (Brandon et al., 2023).
+* :func:`ulysses_attention` (Jacobs et al., 2023): an all-to-all turns sequence shards
+  into head shards (each rank gets ``H / W`` heads over the whole sequence), each rank
+  runs :func:`attnbook.flash.flash_attention` on its heads, and a second all-to-all
+  turns the output back into sequence shards.
+
+:func:`shard` and :func:`unshard` go between a full tensor and its shards,
+:func:`ring_bytes_per_rank`, :func:`ulysses_bytes_per_rank` and :func:`pairs_per_rank`
+give the communication and the causal work per rank in closed form, and
+:func:`run_on_ranks` runs a function on ``W`` local processes over loopback (the gloo
+backend on a CPU), so the tests and the chapter need no cluster.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import pickle
+import queue as queue_module
+import socket
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable, NamedTuple
+
+import torch
+import torch.distributed as dist
+
+from .contract import check_qkv, default_scale
+from .flash import (
+    flash_attention,
+    merge_partials,
+    tiled_attention_backward,
+    tiled_attention_forward,
+)
+
+__all__ = [
+    "CommStats",
+    "shard_positions",
+    "shard",
+    "unshard",
+    "ring_attention",
+    "ulysses_attention",
+    "ring_bytes_per_rank",
+    "ulysses_bytes_per_rank",
+    "pairs_per_rank",
+    "attention_on_rank",
+    "run_on_ranks",
+]
+
+LAYOUTS = ("contiguous", "zigzag")
+
+
+# --------------------------------------------------------------------------------------
+# Layouts: which positions each rank holds
+# --------------------------------------------------------------------------------------
+def _check_layout(fn: str, layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(
+            f"{fn}: layout must be 'contiguous' or 'zigzag', got {layout!r}"
+        )
+
+
+def _chunks(rank: int, world: int, n_local: int, layout: str) -> list[tuple[int, int]]:
+    """The chunks of rank ``rank``'s shard: ``(global_start, length)`` in local order.
+
+    ``"contiguous"``: one chunk, positions ``rank * n .. (rank + 1) * n - 1``.
+    ``"zigzag"``: the sequence in ``2 W`` chunks of ``c = n / 2``; chunks ``rank`` and
+    ``2 W - 1 - rank``. All chunks of a layout have one length and start at a multiple
+    of it, so a (query chunk, key chunk) pair is under a causal mask entirely visible,
+    entirely masked, or on the diagonal.
+    """
+    if layout == "contiguous":
+        return [(rank * n_local, n_local)]
+    c = n_local // 2
+    return [(rank * c, c), ((2 * world - 1 - rank) * c, c)]
+
+
+def shard_positions(
+    rank: int, world: int, seq_len: int, *, layout: str = "contiguous"
+) -> torch.Tensor:
+    """The global positions (int64, ``(seq_len / world,)``, in local order) that rank
+    ``rank`` of ``world`` holds.
+
+    ``"contiguous"``: ``r n, ..., (r + 1) n - 1`` with ``n = seq_len / world``.
+    ``"zigzag"``: cut into ``2 world`` chunks of ``c = n / 2``, rank ``r`` holds chunk
+    ``r`` then chunk ``2 world - 1 - r``: an early chunk with little causal work and a
+    late one with much. ``seq_len`` must divide evenly (by ``world``, or ``2 world`` for
+    zigzag): pad the sequence at its end first.
+    """
+    fn = "shard_positions"
+    _check_layout(fn, layout)
+    if not 0 <= rank < world:
+        raise ValueError(f"{fn}: rank must lie in [0, world={world}), got {rank}")
+    parts = world * (2 if layout == "zigzag" else 1)
+    if seq_len % parts:
+        raise ValueError(
+            f"{fn}: seq_len={seq_len} does not split into {parts} equal "
+            f"{'chunks' if layout == 'zigzag' else 'shards'} for world={world} "
+            f"(layout {layout!r}); pad the sequence at its end to a multiple of {parts}"
+        )
+    return torch.cat(
+        [
+            torch.arange(start, start + length)
+            for start, length in _chunks(rank, world, seq_len // world, layout)
+        ]
+    )
+
+
+def shard(
+    x: torch.Tensor,
+    rank: int,
+    world: int,
+    *,
+    layout: str = "contiguous",
+    dim: int = -2,
+) -> torch.Tensor:
+    """Rank ``rank``'s shard of the full tensor ``x`` along ``dim`` (the sequence, -2
+    in ``(B, H, L, D)``): ``x.index_select(dim, shard_positions(...))``, shape ``(...,
+    L / world, ...)``."""
+    positions = shard_positions(rank, world, x.shape[dim], layout=layout)
+    return x.index_select(dim, positions.to(x.device))
+
+
+def unshard(
+    shards: list[torch.Tensor], *, layout: str = "contiguous", dim: int = -2
+) -> torch.Tensor:
+    """The full tensor from every rank's shard (``shards[r]`` from rank ``r``): the
+    inverse of :func:`shard`, ``unshard([shard(x, r, W) for r in range(W)]) == x``.
+
+    The shards are concatenated and their positions put back in order with the inverse
+    of the permutation ``cat(shard_positions(r) for r)``.
+    """
+    lengths = {s.shape[dim] for s in shards}
+    if not shards or len(lengths) != 1:
+        raise ValueError(
+            "unshard: shards must be a non-empty list of equal-length shards, got "
+            f"lengths {[s.shape[dim] for s in shards]} along dim {dim}"
+        )
+    world = len(shards)
+    seq_len = world * lengths.pop()
+    order = torch.cat(
+        [shard_positions(r, world, seq_len, layout=layout) for r in range(world)]
+    )
+    return torch.cat(shards, dim).index_select(
+        dim, torch.argsort(order).to(shards[0].device)
+    )
+
+
+# --------------------------------------------------------------------------------------
+# The process group: checks and statistics
+# --------------------------------------------------------------------------------------
+@dataclass
+class CommStats:
+    """What one rank did in one call, for measuring communication and load balance.
+
+    ``bytes_sent``: bytes this rank sent to other ranks in the forward pass;
+    ``bytes_sent_backward``: in the backward pass (0 until ``backward`` has run).
+    ``blocks_computed`` and ``blocks_skipped``: (query chunk, key chunk) pairs this
+    rank attended, or skipped because the causal mask hides them entirely (ring
+    attention; Ulysses computes one block, its heads over the whole sequence).
+    ``pairs_attended``: the (query, key) pairs the mask lets through, summed over batch
+    and query heads: the useful work of the forward pass.
+    """
+
+    bytes_sent: int = 0
+    bytes_sent_backward: int = 0
+    blocks_computed: int = 0
+    blocks_skipped: int = 0
+    pairs_attended: int = 0
+
+
+class _Ring(NamedTuple):
+    """A process group seen from one rank: its size, its rank, the global ranks of the
+    next and previous ranks on the ring, and the group itself."""
+
+    world: int
+    rank: int
+    next: int
+    prev: int
+    group: object
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _describe(meta: list[int]) -> str:
+    batch, heads, kv_heads, length, e, ev = meta
+    return f"(B={batch}, H={heads}, Hkv={kv_heads}, L_local={length}, E={e}, Ev={ev})"
+
+
+def _check_shards(fn, q, k, v, group) -> _Ring:
+    """Check this rank's ``q, k, v`` against the contract and against the other ranks'.
+
+    Every rank takes part in one ``all_gather`` of the shapes, even when its own
+    inputs are wrong, so all ranks raise together instead of some waiting forever.
+    """
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            f"{fn} needs an initialized process group: call "
+            "torch.distributed.init_process_group first, or run the function under "
+            "attnbook.distributed.run_on_ranks"
+        )
+    error, meta = None, [-1] * 6
+    try:
+        check_qkv(fn, q, k, v)
+        if min(q.dim(), k.dim()) < 3 or q.shape[:-3] != k.shape[:-3]:
+            raise ValueError(
+                f"{fn}: q, k and v must be (..., heads, seq, head_dim) shards with the "
+                f"same leading dimensions, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                f"v {tuple(v.shape)}"
+            )
+        if q.shape[-2] != k.shape[-2]:
+            raise ValueError(
+                f"{fn}: q and k must be shards of one sequence (the same local length, "
+                f"dim -2), got q {tuple(q.shape)} and k {tuple(k.shape)}"
+            )
+        batch = math.prod(q.shape[:-3])
+        meta = [batch, q.shape[-3], k.shape[-3], q.shape[-2], q.shape[-1], v.shape[-1]]
+    except (ValueError, TypeError) as e:
+        error = e
+    world = dist.get_world_size(group)
+    device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
+    mine = torch.tensor(meta, dtype=torch.int64, device=device)
+    gathered = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(gathered, mine, group=group)
+    metas = [g.tolist() for g in gathered]
+    if error is not None:
+        raise error
+    bad = [r for r, m in enumerate(metas) if m[0] < 0]
+    if bad:
+        raise ValueError(
+            f"{fn}: the inputs of rank(s) {bad} are invalid; the error raised there "
+            "says why"
+        )
+    lengths = [m[3] for m in metas]
+    if len(set(lengths)) > 1:
+        raise ValueError(
+            f"{fn}: the shards differ in length across ranks: L_local = {lengths}. "
+            "Every rank must hold as many positions: pad the sequence at its end to a "
+            "multiple of the world size (2 x world for zigzag) before sharding. Under "
+            "is_causal the padded keys come after every real query and change nothing."
+        )
+    if any(m != metas[0] for m in metas):
+        raise ValueError(
+            f"{fn}: the ranks' shards differ in shape: "
+            + ", ".join(f"rank {r} {_describe(m)}" for r, m in enumerate(metas))
+        )
+    rank = dist.get_rank(group)
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    return _Ring(world, rank, ranks[(rank + 1) % world], ranks[rank - 1], group)
+
+
+# --------------------------------------------------------------------------------------
+# Ring attention
+# --------------------------------------------------------------------------------------
+class _InFlight(NamedTuple):
+    works: list
+    received: list[torch.Tensor]
+
+
+def _pass_along(tensors: list[torch.Tensor], ring: _Ring, tag: int) -> _InFlight:
+    """Post one hop around the ring: send ``tensors`` to the next rank and receive
+    tensors of the same shapes from the previous one (tags ``tag, tag + 1, ...``).
+    Returns at once; ``wait`` on the works before reading the received tensors."""
+    received = [torch.empty_like(t) for t in tensors]
+    ops = []
+    for i, (t, buf) in enumerate(zip(tensors, received)):
+        ops.append(dist.P2POp(dist.isend, t, ring.next, ring.group, tag + i))
+        ops.append(dist.P2POp(dist.irecv, buf, ring.prev, ring.group, tag + i))
+    return _InFlight(dist.batch_isend_irecv(ops), received)
+
+
+def _arrive(flight: _InFlight) -> list[torch.Tensor]:
+    for work in flight.works:
+        work.wait()
+    return flight.received
+
+
+def _block_pairs(ring: _Ring, src: int, n: int, layout: str, is_causal: bool):
+    """The (query chunk, key chunk) pairs of this rank's queries against the block of
+    rank ``src``: ``(q_slice, k_slice, diagonal)`` for each pair to compute, and the
+    number of pairs the causal mask hides entirely (key chunk after the query chunk)."""
+    pairs, skipped = [], 0
+    q_chunks = _chunks(ring.rank, ring.world, n, layout)
+    k_chunks = _chunks(src, ring.world, n, layout)
+    q_local = 0
+    for qa, c in q_chunks:
+        k_local = 0
+        for kb, _ in k_chunks:
+            if is_causal and kb > qa:
+                skipped += 1
+            else:
+                diagonal = is_causal and kb == qa
+                rows = slice(q_local, q_local + c)
+                pairs.append((rows, slice(k_local, k_local + c), diagonal))
+            k_local += c
+        q_local += c
+    return pairs, skipped
+
+
+def _ring_forward(q, k, v, scale, is_causal, layout, ring, stats):
+    """``(out, lse)`` of this rank's queries over the whole ring: ``W`` steps, at step
+    ``t`` the key/value block of rank ``r - t``; each pair of chunks through
+    :func:`~attnbook.flash.tiled_attention_forward`, merged with
+    :func:`~attnbook.flash.merge_partials`, in float32 (float64 for float64 inputs)."""
+    B, H, n, _ = q.shape
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    qa = q.to(acc)
+    out = q.new_zeros(B, H, n, v.shape[-1], dtype=acc)
+    lse = q.new_full((B, H, n), float("-inf"), dtype=acc)
+    for step in range(ring.world):
+        flight = None
+        if step < ring.world - 1:  # the next block travels while this one is computed
+            flight = _pass_along([k, v], ring, tag=0)
+            stats.bytes_sent += _nbytes(k) + _nbytes(v)
+        src = (ring.rank - step) % ring.world
+        pairs, skipped = _block_pairs(ring, src, n, layout, is_causal)
+        stats.blocks_skipped += skipped
+        for rows, cols, diagonal in pairs:
+            o, s = tiled_attention_forward(
+                qa[:, :, rows], k[:, :, cols].to(acc), v[:, :, cols].to(acc),
+                is_causal=diagonal, scale=scale,
+            )  # fmt: skip
+            out[:, :, rows], lse[:, :, rows] = merge_partials(
+                out[:, :, rows], lse[:, :, rows], o, s
+            )
+            c = rows.stop - rows.start
+            stats.blocks_computed += 1
+            stats.pairs_attended += B * H * (c * (c + 1) // 2 if diagonal else c * c)
+        if flight is not None:
+            k, v = _arrive(flight)
+    return out.to(q.dtype), lse
+
+
+def _ring_backward(q, k, v, out, lse, dout, scale, is_causal, layout, ring, stats):
+    """``(dq, dk, dv)`` of this rank's shards. The key/value blocks make the forward
+    trip again, and with each block travels the accumulator of its ``dK, dV``: every
+    rank adds the gradient its queries give the block (recomputed from the saved ``out``
+    and ``lse`` by :func:`~attnbook.flash.tiled_attention_backward`) and passes it on;
+    after ``W`` hops each accumulator is back home. The accumulators travel in float32
+    (float64 for float64 inputs), and one step's accumulators are in flight while the
+    next step is computed."""
+    n = q.shape[2]
+    acc = lse.dtype
+    qa, out, dout = q.to(acc), out.to(acc), dout.to(acc)
+    dq = torch.zeros_like(qa)
+    grads_flight = None
+    for step in range(ring.world):
+        kv_flight = None
+        if step < ring.world - 1:
+            kv_flight = _pass_along([k, v], ring, tag=0)
+            stats.bytes_sent_backward += _nbytes(k) + _nbytes(v)
+        src = (ring.rank - step) % ring.world
+        dk = torch.zeros_like(k, dtype=acc)
+        dv = torch.zeros_like(v, dtype=acc)
+        for rows, cols, diagonal in _block_pairs(ring, src, n, layout, is_causal)[0]:
+            dq_p, dk_p, dv_p = tiled_attention_backward(
+                qa[:, :, rows], k[:, :, cols].to(acc), v[:, :, cols].to(acc),
+                out[:, :, rows], lse[:, :, rows], dout[:, :, rows],
+                is_causal=diagonal, scale=scale,
+            )  # fmt: skip
+            dq[:, :, rows] += dq_p
+            dk[:, :, cols] += dk_p
+            dv[:, :, cols] += dv_p
+        if grads_flight is not None:  # what the ranks before added to this block
+            dk_in, dv_in = _arrive(grads_flight)
+            dk, dv = dk + dk_in, dv + dv_in
+        if kv_flight is not None:
+            k, v = _arrive(kv_flight)
+        if ring.world > 1:
+            grads_flight = _pass_along([dk, dv], ring, tag=2)
+            stats.bytes_sent_backward += _nbytes(dk) + _nbytes(dv)
+    if grads_flight is not None:
+        dk, dv = _arrive(grads_flight)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+
+
+class _RingAttention(torch.autograd.Function):
+    """Saves this rank's ``(q, k, v, out, lse)``; the backward runs the ring again."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, scale, is_causal, layout, ring, stats):
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out, lse = _ring_forward(q, k, v, scale, is_causal, layout, ring, stats)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = (scale, is_causal, layout, ring, stats)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        q, k, v, out, lse = ctx.saved_tensors
+        grads = _ring_backward(q, k, v, out, lse, dout.contiguous(), *ctx.options)
+        return *grads, None, None, None, None, None
+
+
+def ring_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    layout: str = "contiguous",
+    group=None,
+    return_stats: bool = False,
+):
+    """Exact attention over a sequence sharded across the ranks of ``group``, the
+    key/value shards passed around a ring (Liu et al., 2023); differentiable.
+
+    Rank ``r`` of ``W`` holds ``q, k, v (..., H|Hkv, n, E|Ev)``, the positions
+    :func:`shard_positions` gives it (``layout``), and gets ``out (..., H, n, Ev)``
+    equal to its rows of ``softmax(Q K^T * scale [+ causal mask]) V`` over the full
+    sequence. At step ``t = 0 .. W - 1`` it holds the block ``K_s, V_s`` of rank ``s =
+    r - t (mod W)``, posts its send to rank ``r + 1`` (and the receive of the next
+    block from ``r - 1``), computes ``(O_rs, lse_rs)`` of its queries against the block,
+    and merges, with ``lse = log(exp(lse) + exp(lse_rs))``,
+
+        ``O <- exp(lse_old - lse) O + exp(lse_rs - lse) O_rs``.
+
+    ``is_causal`` masks from the global positions, per (query chunk, key chunk) pair: a
+    key chunk after the query chunk is skipped, one before it is attended in full, the
+    diagonal one with the causal mask. Under ``"contiguous"`` rank ``r`` attends ``r +
+    1`` of the ``W`` blocks; ``"zigzag"`` balances the work (:func:`pairs_per_rank`).
+    The sends and receives are posted with ``batch_isend_irecv`` and waited for only
+    after the block is computed: gloo moves the bytes on its own threads, NCCL on its
+    own CUDA stream, so the transfer runs while the rank computes.
+
+    The backward pass, a custom autograd function, recomputes each block's
+    probabilities from the saved ``out`` and ``lse`` as FlashAttention's does
+    (:func:`~attnbook.flash.tiled_attention_backward`): the blocks go around the ring
+    again, each with the accumulator of its ``dK, dV``, which every rank adds to and
+    passes on, so after ``W`` hops each rank holds the gradients of its own shards.
+    Under grouped-query attention (``Hkv`` dividing ``H``) only the smaller key/value
+    heads travel.
+
+    Every rank must call it with shards of one shape (pad the sequence otherwise); it
+    raises ``ValueError`` on every rank if one rank's shard is wrong, and
+    ``RuntimeError`` without an initialized process group. With ``return_stats=True``
+    it returns ``(out, stats)``, a :class:`CommStats` whose backward fields fill in when
+    the backward pass runs.
+    """
+    fn = "ring_attention"
+    _check_layout(fn, layout)
+    ring = _check_shards(fn, q, k, v, group)
+    n = q.shape[-2]
+    if layout == "zigzag" and n % 2:
+        raise ValueError(
+            f"{fn}: layout='zigzag' holds two chunks per rank, so the local length "
+            f"must be even, got q {tuple(q.shape)}"
+        )
+    scale = default_scale(scale, q.shape[-1])
+    stats = CommStats()
+    q4, k4, v4 = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
+    out = _RingAttention.apply(q4, k4, v4, scale, bool(is_causal), layout, ring, stats)
+    out = out.reshape(*q.shape[:-1], v.shape[-1])
+    return (out, stats) if return_stats else out
+
+
+# --------------------------------------------------------------------------------------
+# Ulysses: all-to-all from sequence shards to head shards
+# --------------------------------------------------------------------------------------
+def _all_to_all(x: torch.Tensor, to_heads: bool, ring: _Ring) -> torch.Tensor:
+    """One all-to-all between the two layouts of ``W`` ranks.
+
+    ``to_heads``: ``(B, H, n, D)``, all heads of this rank's positions -> ``(B, H / W,
+    W n, D)``, this rank's heads over every position (rank ``s``'s positions at ``s n ..
+    (s + 1) n - 1``). Otherwise the inverse. Each rank keeps ``1 / W`` of its tensor and
+    sends ``W - 1`` pieces, one to every other rank.
+    """
+    W = ring.world
+    if to_heads:
+        B, H, n, D = x.shape
+        send = x.reshape(B, W, H // W, n, D).transpose(0, 1)  # piece s: heads of rank s
+    else:
+        B, h, L, D = x.shape
+        send = x.reshape(B, h, W, L // W, D).permute(2, 0, 1, 3, 4)  # piece s: rank s's
+    received = torch.empty_like(send.contiguous())
+    dist.all_to_all_single(received, send.contiguous(), group=ring.group)
+    if to_heads:  # piece s: our heads at rank s's positions
+        return received.permute(1, 2, 0, 3, 4).reshape(B, H // W, W * n, D)
+    return received.transpose(0, 1).reshape(B, W * h, L // W, D)  # piece s: heads of s
+
+
+class _AllToAll(torch.autograd.Function):
+    """:func:`_all_to_all`, whose gradient is the all-to-all the other way."""
+
+    @staticmethod
+    def forward(ctx, x, to_heads, ring, stats):
+        ctx.options = (to_heads, ring, stats)
+        stats.bytes_sent += _nbytes(x) * (ring.world - 1) // ring.world
+        return _all_to_all(x, to_heads, ring)
+
+    @staticmethod
+    def backward(ctx, grad):
+        to_heads, ring, stats = ctx.options
+        stats.bytes_sent_backward += _nbytes(grad) * (ring.world - 1) // ring.world
+        return _all_to_all(grad.contiguous(), not to_heads, ring), None, None, None
+
+
+def ulysses_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    scale: float | None = None,
+    group=None,
+    return_stats: bool = False,
+):
+    """Exact attention over a sequence sharded across the ranks of ``group``, by
+    switching from sequence shards to head shards and back (DeepSpeed-Ulysses, Jacobs
+    et al., 2023); differentiable.
+
+    Rank ``r`` of ``W`` holds ``q (..., H, n, E)``, ``k (..., Hkv, n, E)``, ``v (...,
+    Hkv, n, Ev)`` at positions ``r n .. (r + 1) n - 1`` (the contiguous layout). An
+    all-to-all gives it heads ``r H / W .. (r + 1) H / W - 1`` over all ``L = W n``
+    positions, ``(..., H / W, L, E)``; :func:`attnbook.flash.flash_attention` computes
+    their attention on the rank; a second all-to-all returns ``out (..., H, n, Ev)``.
+    The backward pass runs the same all-to-alls the other way. Each rank sends ``(W -
+    1) / W`` of each of ``q, k, v, out``: ``4 (W - 1) / W^2`` of a full tensor, less
+    per rank as ``W`` grows, where the ring sends about one full key and value tensor.
+
+    ``H`` (and ``Hkv``) must be divisible by ``W``: it raises ``ValueError`` naming
+    ``n_heads`` and the world size otherwise, as it does for shards of different shapes
+    (see :func:`ring_attention`). ``return_stats=True`` returns ``(out, stats)``, a
+    :class:`CommStats`.
+    """
+    fn = "ulysses_attention"
+    ring = _check_shards(fn, q, k, v, group)
+    for name, heads in (("n_heads", q.shape[-3]), ("n_kv_heads", k.shape[-3])):
+        if heads % ring.world:
+            raise ValueError(
+                f"{fn}: {name}={heads} is not divisible by the world size "
+                f"{ring.world}: each rank takes {name} / world heads (q "
+                f"{tuple(q.shape)}, k {tuple(k.shape)}); use ring_attention instead"
+            )
+    stats = CommStats()
+    q4, k4, v4 = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
+    qh, kh, vh = (_AllToAll.apply(t, True, ring, stats) for t in (q4, k4, v4))
+    out = flash_attention(qh, kh, vh, is_causal=is_causal, scale=scale)
+    out = _AllToAll.apply(out, False, ring, stats)
+    B, h, L = qh.shape[:3]
+    stats.blocks_computed = 1
+    stats.pairs_attended = B * h * (L * (L + 1) // 2 if is_causal else L * L)
+    out = out.reshape(*q.shape[:-1], v.shape[-1])
+    return (out, stats) if return_stats else out
+
+
+# --------------------------------------------------------------------------------------
+# Communication and work in closed form
+# --------------------------------------------------------------------------------------
+def _local_length(fn: str, seq_len: int, world: int) -> int:
+    if world < 1 or seq_len % world:
+        raise ValueError(
+            f"{fn}: seq_len={seq_len} must split evenly over world={world} ranks"
+        )
+    return seq_len // world
+
+
+def ring_bytes_per_rank(
+    batch: int,
+    heads: int,
+    seq_len: int,
+    head_dim: int,
+    world: int,
+    bytes_per_elem: int,
+    *,
+    kv_heads: int | None = None,
+    value_dim: int | None = None,
+) -> dict[str, int]:
+    """Bytes each rank sends in :func:`ring_attention`: ``{"forward", "backward"}``.
+
+    A rank's key and value blocks hold ``b = batch * kv_heads * (seq_len / world) *
+    (head_dim + value_dim)`` elements (``kv_heads`` defaults to ``heads``, ``value_dim``
+    to ``head_dim``; the queries never travel). Forward: the blocks make ``W - 1``
+    hops, ``(W - 1) b * bytes_per_elem``. Backward: the same again, plus the ``dK, dV``
+    accumulators making ``W`` hops (the last one home) in float32, or float64 for 8-byte
+    inputs: ``W b * max(bytes_per_elem, 4)`` (nothing when ``W = 1``). About ``2 L D``
+    per key/value head however many ranks share the sequence.
+    """
+    n = _local_length("ring_bytes_per_rank", seq_len, world)
+    kv_heads = heads if kv_heads is None else kv_heads
+    value_dim = head_dim if value_dim is None else value_dim
+    block = batch * kv_heads * n * (head_dim + value_dim)
+    forward = (world - 1) * block * bytes_per_elem
+    grads = world * block * max(bytes_per_elem, 4) if world > 1 else 0
+    return {"forward": forward, "backward": forward + grads}
+
+
+def ulysses_bytes_per_rank(
+    batch: int,
+    heads: int,
+    seq_len: int,
+    head_dim: int,
+    world: int,
+    bytes_per_elem: int,
+    *,
+    kv_heads: int | None = None,
+    value_dim: int | None = None,
+) -> dict[str, int]:
+    """Bytes each rank sends in :func:`ulysses_attention`: ``{"forward",
+    "backward"}``.
+
+    An all-to-all sends ``W - 1`` of the ``W`` pieces of a rank's ``(batch, h, seq_len /
+    W, d)`` shard. Forward: ``q (heads, head_dim)``, ``k (kv_heads, head_dim)``, ``v
+    (kv_heads, value_dim)`` and the output ``(heads, value_dim)`` (``kv_heads`` defaults
+    to ``heads``, ``value_dim`` to ``head_dim``):
+
+        ``(W - 1) / W * batch * (seq_len / W) * (heads + kv_heads) * (head_dim +
+        value_dim)``
+
+    elements of ``bytes_per_elem``. The backward pass sends ``dO`` one way and ``dQ,
+    dK, dV`` the other: the same.
+    """
+    n = _local_length("ulysses_bytes_per_rank", seq_len, world)
+    kv_heads = heads if kv_heads is None else kv_heads
+    value_dim = head_dim if value_dim is None else value_dim
+    shards = batch * n * (heads + kv_heads) * (head_dim + value_dim)
+    sent = shards * (world - 1) // world * bytes_per_elem
+    return {"forward": sent, "backward": sent}
+
+
+def pairs_per_rank(
+    seq_len: int, world: int, *, layout: str = "contiguous", is_causal: bool = True
+) -> list[int]:
+    """The (query, key) pairs each rank's queries attend, per batch and head: under a
+    causal mask the query at position ``i`` sees ``i + 1`` keys, so rank ``r`` does
+    ``sum(i + 1 for i in shard_positions(r))``; without it, ``n * seq_len``.
+
+    Contiguous: rank ``r`` does ``n^2 (r + 1/2) + n / 2``, from about ``n^2 / 2`` for
+    the first rank to ``(2 W - 1) n^2 / 2`` for the last. Zigzag: every rank ``c^2 (2 W
+    - 1) + c (c + 1)`` with ``c = n / 2``, the average.
+    """
+    work = []
+    for r in range(world):
+        positions = shard_positions(r, world, seq_len, layout=layout)
+        work.append(
+            int((positions + 1).sum()) if is_causal else len(positions) * seq_len
+        )
+    return work
+
+
+# --------------------------------------------------------------------------------------
+# Running on local ranks
+# --------------------------------------------------------------------------------------
+def attention_on_rank(
+    rank: int,
+    world_size: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    grad_out: torch.Tensor | None = None,
+    *,
+    method: str = "ring",
+    is_causal: bool = False,
+    scale: float | None = None,
+    layout: str = "contiguous",
+    group=None,
+) -> dict:
+    """One rank's part of a demonstration, to run under :func:`run_on_ranks`: from the
+    full ``q, k, v (B, H, L, D)`` (the same on every rank) keep this rank's shards, run
+    ``method`` (``"ring"`` or ``"ulysses"``, which takes the contiguous layout), and
+    backpropagate this rank's shard of ``grad_out`` when given.
+
+    Returns ``{"out", "dq", "dk", "dv", "stats"}``: the shards of the output and
+    gradients (``None`` without ``grad_out``; :func:`unshard` joins the ranks') and the
+    :class:`CommStats`. Bind the flags with ``functools.partial``. With a ``group``,
+    the rank and size within it replace ``rank`` and ``world_size``.
+    """
+    if method not in ("ring", "ulysses"):
+        raise ValueError(
+            f"attention_on_rank: method must be 'ring' or 'ulysses', got {method!r}"
+        )
+    if group is not None:
+        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
+    q, k, v = (
+        shard(t, rank, world_size, layout=layout).requires_grad_(grad_out is not None)
+        for t in (q, k, v)
+    )
+    flags = {"is_causal": is_causal, "scale": scale, "group": group}
+    if method == "ring":
+        out, stats = ring_attention(q, k, v, layout=layout, return_stats=True, **flags)
+    else:
+        out, stats = ulysses_attention(q, k, v, return_stats=True, **flags)
+    if grad_out is not None:
+        out.backward(shard(grad_out, rank, world_size, layout=layout))
+    return {
+        "out": out.detach(),
+        "dq": q.grad,
+        "dk": k.grad,
+        "dv": v.grad,
+        "stats": stats,
+    }
+
+
+def _free_port() -> int:
+    """A TCP port free on the loopback interface now (bind to port 0, read it back)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank, world_size, port, backend, timeout_s, fn, args, results):
+    """The body of one spawned rank: join the group, run ``fn``, report the result
+    (pickled) or the traceback. A failing rank reports and then keeps its connections
+    open until the launcher stops it: closing them would make the other ranks fail
+    with "connection reset", and their report could arrive first and hide the cause."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    try:
+        dist.init_process_group(
+            backend,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+        )
+        payload = pickle.dumps(fn(rank, world_size, *args))
+    except BaseException:
+        results.put((rank, False, traceback.format_exc()))
+        time.sleep(timeout_s)
+        return
+    dist.destroy_process_group()
+    results.put((rank, True, payload))
+
+
+def run_on_ranks(
+    fn: Callable,
+    world_size: int,
+    *args,
+    backend: str = "gloo",
+    timeout: float = 120.0,
+) -> list:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` local processes that form
+    one process group, and return the ranks' results in rank order.
+
+    The processes start with ``torch.multiprocessing``'s spawn method (each imports
+    torch: about a second or more apiece), meet at ``127.0.0.1`` on a free port
+    (``MASTER_ADDR``, ``MASTER_PORT``) and initialize ``backend`` (gloo: CPU tensors
+    over loopback TCP). ``fn`` must be importable by the new processes, a function
+    defined in a module, not in a notebook (use :func:`attention_on_rank` with
+    ``functools.partial``); ``args`` and the results must pickle. If a rank raises or
+    dies, the others are stopped and ``RuntimeError`` carries its traceback or exit
+    code; after ``timeout`` seconds without all results, ``TimeoutError``.
+    """
+    if world_size < 1:
+        raise ValueError(f"run_on_ranks: world_size must be >= 1, got {world_size}")
+    ctx = torch.multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(
+            target=_worker,
+            args=(rank, world_size, port, backend, timeout, fn, args, results),
+            daemon=True,
+        )
+        for rank in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    values: dict[int, object] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(values) < world_size:
+            try:
+                rank, ok, payload = results.get(timeout=0.5)
+            except queue_module.Empty:
+                dead = [r for r, p in enumerate(procs) if p.exitcode is not None]
+                if any(r not in values for r in dead) and results.empty():
+                    r = next(r for r in dead if r not in values)
+                    raise RuntimeError(
+                        f"run_on_ranks: rank {r} exited with code "
+                        f"{procs[r].exitcode} without a result"
+                    ) from None
+                if time.monotonic() > deadline:
+                    missing = sorted(set(range(world_size)) - set(values))
+                    raise TimeoutError(
+                        f"run_on_ranks: no result from ranks {missing} in {timeout} s"
+                    ) from None
+                continue
+            if not ok:
+                raise RuntimeError(f"run_on_ranks: rank {rank} raised:\n{payload}")
+            values[rank] = pickle.loads(payload)
+    finally:
+        for p in procs:
+            if len(values) < world_size:
+                p.terminate()
+            p.join()
+    return [values[r] for r in range(world_size)]

@@ -1,0 +1,326 @@
+"""Attention across ranks (attnbook.distributed) against one-process attention.
+
+Spawning processes is the slow part (each imports torch), so one group of 4 ranks is
+spawned for the whole file: it runs every case on the world group (W = 4), on two
+pairs of ranks (W = 2) and on each rank alone (W = 1), through ``group=``, plus the bad
+inputs, and hands the shards back. The parent compares them with PyTorch's
+``scaled_dot_product_attention`` on the full sequence, forward and backward, in float64
+(and bfloat16 at a loose tolerance), and the bytes and work counted with the formulas.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from attnbook.distributed import (
+    attention_on_rank,
+    pairs_per_rank,
+    ring_attention,
+    ring_bytes_per_rank,
+    run_on_ranks,
+    shard,
+    shard_positions,
+    ulysses_attention,
+    ulysses_bytes_per_rank,
+    unshard,
+)
+
+B, H, L, E, EV = 2, 4, 16, 3, 2  # L splits into 2 x 4 zigzag chunks of 2
+# (method, layout, is_causal, kv_heads)
+CASES = [
+    ("ring", "contiguous", False, H),
+    ("ring", "contiguous", True, H),
+    ("ring", "zigzag", False, H),
+    ("ring", "zigzag", True, H),
+    ("ring", "contiguous", True, 2),  # grouped-query: 2 key/value heads travel
+    ("ulysses", "contiguous", False, H),
+    ("ulysses", "contiguous", True, H),
+    ("ulysses", "contiguous", True, 2),  # W = 2 only: 2 heads over 4 ranks is an error
+]
+BF16_CASES = [("ring", "zigzag", True, H), ("ulysses", "contiguous", True, H)]
+GROUPS = {4: [[0, 1, 2, 3]], 2: [[0, 1], [2, 3]], 1: [[0], [1], [2], [3]]}  # the rings
+
+
+def _cases(world):
+    return [c for c in CASES if c[0] == "ring" or c[3] % world == 0]
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(0)
+    full = {}
+    for kv in (H, 2):
+        q = torch.randn(B, H, L, E, generator=g, dtype=torch.float64)
+        k = torch.randn(B, kv, L, E, generator=g, dtype=torch.float64)
+        v = torch.randn(B, kv, L, EV, generator=g, dtype=torch.float64)
+        full[kv] = (q, k, v, torch.randn(B, H, L, EV, generator=g, dtype=torch.float64))
+    return full
+
+
+def _caught(call) -> str:
+    try:
+        call()
+    except (ValueError, TypeError, RuntimeError) as e:
+        return f"{type(e).__name__}: {e}"
+    return "no error"
+
+
+def _bad_inputs(world, group) -> dict[str, str]:
+    """Each bad call, on every rank of the group; all ranks must raise (none may hang)."""
+    me = dist.get_rank(group)
+
+    def x(heads, n, dim=3):
+        return torch.zeros(1, heads, n, dim, dtype=torch.float64)
+
+    def ring(q, k, v, **flags):
+        return lambda: ring_attention(q, k, v, group=group, **flags)
+
+    def ulysses(q, k, v):
+        return lambda: ulysses_attention(q, k, v, group=group)
+
+    uneven = x(2, 3 if me == 0 else 2)
+    return {
+        "heads": _caught(ulysses(x(world + 1, 2), x(world + 1, 2), x(world + 1, 2))),
+        "kv_heads": _caught(ulysses(x(2 * world, 2), x(world // 2, 2), x(world // 2, 2))),
+        "uneven ring": _caught(ring(uneven, uneven, uneven)),
+        "uneven ulysses": _caught(ulysses(uneven, uneven, uneven)),
+        "one bad rank": _caught(ring(x(2, 2), x(2, 2, 4 if me == 1 else 3), x(2, 2))),
+        "zigzag odd": _caught(ring(x(2, 3), x(2, 3), x(2, 3), layout="zigzag")),
+        "layout": _caught(ring(x(2, 2), x(2, 2), x(2, 2), layout="striped")),
+    }
+
+
+def _rank_checks(rank, world, full):
+    """Everything the ranks do: W = 4 on the world group, then W = 2 on two pairs and
+    W = 1 on each rank alone."""
+    groups = {w: [dist.new_group(m) for m in GROUPS[w]] for w in (2, 1)}  # all ranks
+    found = {}
+    for w, group in ((4, None), (2, groups[2][rank // 2]), (1, groups[1][rank])):
+        for case in _cases(w):
+            method, layout, is_causal, kv = case
+            found[w, case] = attention_on_rank(
+                rank, world, *full[kv], method=method, layout=layout,
+                is_causal=is_causal, group=group,
+            )  # fmt: skip
+        for case in BF16_CASES:
+            method, layout, is_causal, kv = case
+            found[w, "bfloat16", case] = attention_on_rank(
+                rank, world, *(t.to(torch.bfloat16) for t in full[kv]), method=method,
+                layout=layout, is_causal=is_causal, group=group,
+            )  # fmt: skip
+        if w > 1:
+            found[w, "errors"] = _bad_inputs(w, group)
+    return found
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    return run_on_ranks(_rank_checks, 4, _inputs())
+
+
+def _reference(case):
+    _, _, is_causal, kv = case
+    q, k, v, grad_out = (t.clone().requires_grad_() for t in _inputs()[kv])
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True)
+    out.backward(grad_out.detach())
+    return {"out": out.detach(), "dq": q.grad, "dk": k.grad, "dv": v.grad}
+
+
+# --------------------------------------------------------------------------------------
+# Layouts
+# --------------------------------------------------------------------------------------
+@given(
+    world=st.integers(1, 5),
+    chunk=st.integers(1, 3),
+    layout=st.sampled_from(["contiguous", "zigzag"]),
+    dim=st.sampled_from([-2, 0, 1]),
+)
+def test_unshard_inverts_shard_and_the_shards_partition_the_sequence(world, chunk, layout, dim):
+    seq_len = 2 * world * chunk
+    x = torch.randn(2, 3, seq_len, 2).movedim(-2, dim)
+    shards = [shard(x, r, world, layout=layout, dim=dim) for r in range(world)]
+    assert torch.equal(unshard(shards, layout=layout, dim=dim), x)
+    positions = torch.cat([shard_positions(r, world, seq_len, layout=layout) for r in range(world)])
+    assert sorted(positions.tolist()) == list(range(seq_len))
+
+
+def test_zigzag_gives_rank_r_chunks_r_and_2w_minus_1_minus_r():
+    assert shard_positions(0, 2, 8, layout="zigzag").tolist() == [0, 1, 6, 7]
+    assert shard_positions(1, 2, 8, layout="zigzag").tolist() == [2, 3, 4, 5]
+    assert shard_positions(1, 2, 8).tolist() == [4, 5, 6, 7]
+
+
+def test_lengths_that_do_not_split_are_refused_with_the_advice_to_pad():
+    with pytest.raises(ValueError, match=r"seq_len=6 does not split into 4 equal chunks.*pad"):
+        shard(torch.zeros(1, 1, 6, 2), 0, 2, layout="zigzag")
+    with pytest.raises(ValueError, match="layout must be 'contiguous' or 'zigzag'"):
+        shard_positions(0, 2, 8, layout="striped")
+    with pytest.raises(ValueError, match="equal-length shards"):
+        unshard([torch.zeros(1, 2, 1), torch.zeros(1, 3, 1)])
+
+
+# --------------------------------------------------------------------------------------
+# Against one-process attention
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "world, case",
+    [(w, c) for w in (1, 2, 4) for c in _cases(w)],
+    ids=lambda x: "-".join(map(str, x)) if isinstance(x, tuple) else f"W{x}",
+)
+def test_shards_equal_full_attention_forward_and_backward(ranks, world, case):
+    ref = _reference(case)
+    layout = case[1]
+    for members in GROUPS[world]:
+        for i, rank in enumerate(members):
+            got = ranks[rank][world, case]
+            for name in ("out", "dq", "dk", "dv"):
+                expected = shard(ref[name], i, world, layout=layout)
+                torch.testing.assert_close(
+                    got[name], expected, atol=1e-9, rtol=0, msg=f"{name} of rank {i}"
+                )
+        joined = unshard([ranks[r][world, case]["out"] for r in members], layout=layout)
+        torch.testing.assert_close(joined, ref["out"], atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("case", BF16_CASES, ids=lambda c: c[0])
+def test_bfloat16_shards_accumulate_in_float32(ranks, world, case):
+    ref, layout = _reference(case), case[1]
+    for members in GROUPS[world]:
+        for i, rank in enumerate(members):
+            got = ranks[rank][world, "bfloat16", case]
+            for name in ("out", "dq", "dk", "dv"):
+                assert got[name].dtype == torch.bfloat16
+                expected = shard(ref[name], i, world, layout=layout)
+                torch.testing.assert_close(got[name].double(), expected, atol=0.05, rtol=0.02)
+            formula = ring_bytes_per_rank if case[0] == "ring" else ulysses_bytes_per_rank
+            expected = formula(B, H, L, E, world, 2, value_dim=EV)  # dK, dV travel in float32
+            stats = got["stats"]
+            assert (stats.bytes_sent, stats.bytes_sent_backward) == (
+                expected["forward"], expected["backward"])
+
+
+# --------------------------------------------------------------------------------------
+# Communication and work
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_bytes_counted_equal_the_formulas(ranks, world):
+    for case in _cases(world):
+        method, _, _, kv = case
+        formula = ring_bytes_per_rank if method == "ring" else ulysses_bytes_per_rank
+        expected = formula(B, H, L, E, world, 8, kv_heads=kv, value_dim=EV)
+        for rank in range(4):
+            stats = ranks[rank][world, case]["stats"]
+            assert (stats.bytes_sent, stats.bytes_sent_backward) == (
+                expected["forward"], expected["backward"]), (case, rank)
+
+
+def test_the_formulas_by_hand():
+    # one head, 8 positions over 4 ranks, head_dim 1, 2-byte elements: blocks of 2 x 2
+    assert ring_bytes_per_rank(1, 1, 8, 1, 4, 2) == {"forward": 3 * 4 * 2,
+                                                     "backward": 3 * 4 * 2 + 4 * 4 * 4}
+    assert ring_bytes_per_rank(1, 1, 8, 1, 1, 2) == {"forward": 0, "backward": 0}
+    # q, k, v, out: 4 shards of 4 heads x 2 positions; 3 of their 4 pieces leave: 24
+    # elements of 2 bytes
+    assert ulysses_bytes_per_rank(1, 4, 8, 1, 4, 2) == {"forward": 48, "backward": 48}
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+def test_work_counted_equals_pairs_per_rank(ranks, world):
+    for case in _cases(world):
+        method, layout, is_causal, _ = case
+        for members in GROUPS[world]:
+            counted = [ranks[r][world, case]["stats"].pairs_attended for r in members]
+            if method == "ring":
+                expected = pairs_per_rank(L, world, layout=layout, is_causal=is_causal)
+                assert counted == [B * H * p for p in expected], case
+            else:  # every rank: its H / W heads over the whole sequence
+                full = L * (L + 1) // 2 if is_causal else L * L
+                assert counted == [B * H // world * full] * world, case
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_zigzag_balances_the_causal_work_that_contiguous_shards_skew(ranks, world):
+    def stats(layout):
+        case = ("ring", layout, True, H)
+        return [ranks[r][world, case]["stats"] for r in GROUPS[world][0]]
+
+    contiguous, zigzag = stats("contiguous"), stats("zigzag")
+    assert max(s.pairs_attended for s in zigzag) < max(s.pairs_attended for s in contiguous)
+    assert len({s.pairs_attended for s in zigzag}) == 1
+    assert sum(s.pairs_attended for s in zigzag) == B * H * L * (L + 1) // 2
+    assert [(s.blocks_computed, s.blocks_skipped) for s in contiguous] == [
+        (r + 1, world - 1 - r) for r in range(world)]
+    assert [(s.blocks_computed, s.blocks_skipped) for s in zigzag] == [
+        (2 * world + 1, 2 * world - 1)] * world
+
+
+def test_pairs_per_rank_in_closed_form():
+    n, world = 6, 3
+    contiguous = pairs_per_rank(n * world, world)
+    assert contiguous == [n * n * r + n * (n + 1) // 2 for r in range(world)]
+    c = n // 2
+    balanced = c * c * (2 * world - 1) + c * (c + 1)
+    assert pairs_per_rank(n * world, world, layout="zigzag") == [balanced] * world
+    assert pairs_per_rank(8, 2, is_causal=False) == [32, 32]
+
+
+# --------------------------------------------------------------------------------------
+# Bad input: every rank raises, none hangs
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("world", [2, 4])
+def test_bad_inputs_raise_clear_errors_on_every_rank(ranks, world):
+    for members in GROUPS[world]:
+        for i, rank in enumerate(members):
+            errors = ranks[rank][world, "errors"]
+            assert errors["heads"].startswith(
+                f"ValueError: ulysses_attention: n_heads={world + 1} is not divisible by the "
+                f"world size {world}")
+            assert f"n_kv_heads={world // 2} is not divisible" in errors["kv_heads"]
+            for name in ("uneven ring", "uneven ulysses"):
+                assert errors[name].startswith("ValueError:") and (
+                    "the shards differ in length across ranks: L_local = "
+                    f"{[3] + [2] * (world - 1)}") in errors[name] and "pad" in errors[name]
+            if i == 1:
+                assert "q and k must have the same last dimension" in errors["one bad rank"]
+            else:
+                assert "the inputs of rank(s) [1] are invalid" in errors["one bad rank"]
+            assert "local length must be even" in errors["zigzag odd"]
+            assert "layout must be 'contiguous' or 'zigzag'" in errors["layout"]
+
+
+def test_without_a_process_group_both_raise():
+    assert not dist.is_initialized()
+    x = torch.zeros(1, 2, 4, 3)
+    for fn in (ring_attention, ulysses_attention):
+        with pytest.raises(RuntimeError, match="needs an initialized process group"):
+            fn(x, x, x)
+
+
+def _fail_on_rank_1(rank, world):
+    if rank == 1:
+        raise KeyError("boom on rank 1")
+    dist.barrier()  # waits for rank 1 forever: the launcher must stop it
+
+
+def test_run_on_ranks_reports_a_failing_rank_and_stops_the_others():
+    with pytest.raises(RuntimeError, match=r"rank 1 raised:(.|\n)*boom on rank 1"):
+        run_on_ranks(_fail_on_rank_1, 2, timeout=60)
+    with pytest.raises(ValueError, match="world_size must be >= 1"):
+        run_on_ranks(_fail_on_rank_1, 0)
+
+
+def _die(rank, world):
+    os._exit(3)
+
+
+def test_run_on_ranks_reports_a_rank_that_dies_without_a_result():
+    with pytest.raises(RuntimeError, match="rank 0 exited with code 3 without a result"):
+        run_on_ranks(_die, 1, timeout=60)
+
