@@ -46,6 +46,7 @@ __all__ = [
     "check_key_padding_mask",
     "check_dropout",
     "check_decode",
+    "check_cache_update",
     "attention_mask",
     "expand_kv_heads",
     "grouped_kv",
@@ -347,4 +348,41 @@ def check_decode(
         raise ValueError(
             f"{fn}: cache_seqlens must lie in [0, max_len={k_cache.shape[2]}], got "
             f"{cache_seqlens.tolist()}"
+        )
+
+
+def check_cache_update(
+    fn: str,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    leading: tuple[int, ...],
+    head_dim: int,
+    *,
+    layer: int | None = None,
+    n_layers: int | None = None,
+    names: tuple[str, str] = ("k", "v"),
+) -> None:
+    """The rule of every KV cache's ``update`` (or ``append``): ``k`` and ``v`` both of
+    shape ``leading + (T, head_dim)`` with ``T >= 1``, and, for a cache of ``n_layers``
+    layers, ``layer`` an int in ``[0, n_layers)`` (``ValueError`` naming the argument
+    and the shapes; ``names`` are the caller's names for ``k`` and ``v``)."""
+    if n_layers is not None and (
+        isinstance(layer, bool)
+        or not isinstance(layer, int)
+        or not 0 <= layer < n_layers
+    ):
+        raise ValueError(f"{fn}: layer must be in [0, {n_layers}), got {layer!r}")
+    if (
+        not isinstance(k, torch.Tensor)
+        or not isinstance(v, torch.Tensor)
+        or k.shape != v.shape
+        or k.dim() != len(leading) + 2
+        or tuple(k.shape[:-2]) != tuple(leading)
+        or k.shape[-1] != head_dim
+        or k.shape[-2] < 1
+    ):
+        raise ValueError(
+            f"{fn}: {names[0]} and {names[1]} must have shape "
+            f"{tuple(leading) + ('T', head_dim)} with "
+            f"T >= 1, got {_shape(k)} and {_shape(v)}"
         )

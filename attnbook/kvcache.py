@@ -37,7 +37,7 @@ import math
 import torch
 from torch import nn
 
-from .contract import check_decode, expand_kv_heads
+from .contract import check_cache_update, check_decode, expand_kv_heads
 from .flash import merge_partials
 from .positional import transformer_xl_relative_embeddings, transformer_xl_scores
 
@@ -212,23 +212,6 @@ def model_cache_table(
 # --------------------------------------------------------------------------------------
 # Caches
 # --------------------------------------------------------------------------------------
-def _check_new(
-    name: str,
-    k_new: torch.Tensor,
-    v_new: torch.Tensor,
-    leading: tuple[int, ...],
-    head_dim: int,
-) -> None:
-    """``k_new`` and ``v_new`` must both have shape ``leading + (T, head_dim)``."""
-    if (
-        k_new.shape != v_new.shape
-        or tuple(k_new.shape[:-2]) != leading
-        or k_new.shape[-1] != head_dim
-    ):
-        raise ValueError(
-            f"{name}: k_new and v_new must have shape {leading + ('T', head_dim)}, "
-            f"got {tuple(k_new.shape)} and {tuple(v_new.shape)}"
-        )
 
 
 class KVCache:
@@ -273,8 +256,15 @@ class KVCache:
     def update(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        _check_new(
-            "KVCache.update", k_new, v_new, tuple(self.k.shape[1:3]), self.k.shape[-1]
+        check_cache_update(
+            "KVCache.update",
+            k_new,
+            v_new,
+            tuple(self.k.shape[1:3]),
+            self.k.shape[-1],
+            layer=layer,
+            n_layers=len(self.lengths),
+            names=("k_new", "v_new"),
         )
         start, T = self.lengths[layer], k_new.shape[-2]
         if start + T > self.max_len:
@@ -330,12 +320,15 @@ class SlidingWindowKVCache(KVCache):
     def update(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        _check_new(
+        check_cache_update(
             "SlidingWindowKVCache.update",
             k_new,
             v_new,
             tuple(self.k.shape[1:3]),
             self.k.shape[-1],
+            layer=layer,
+            n_layers=len(self.lengths),
+            names=("k_new", "v_new"),
         )
         k_old, v_old = self.retained(layer)
         k_all, v_all = (
@@ -567,7 +560,7 @@ class PagedKVCache:
         """Append ``T`` positions ``k, v: (n_kv_heads, T, head_dim)`` to ``seq_id``,
         taking blocks as needed."""
         table = self._table(seq_id)
-        _check_new(
+        check_cache_update(
             "PagedKVCache.append", k, v, (self.k_pool.shape[1],), self.k_pool.shape[-1]
         )
         n, T = self.lengths[seq_id], k.shape[-2]

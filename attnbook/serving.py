@@ -36,6 +36,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from .contract import check_cache_update
 from .core import scaled_dot_product_attention
 from .kvcache import (
     CacheFullError,
@@ -348,9 +349,10 @@ class LatentKVCache:
     def update(
         self, layer: int, c_kv_new: torch.Tensor, k_rope_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not 0 <= layer < len(self.lengths):
+        if isinstance(layer, bool) or not 0 <= layer < len(self.lengths):
             raise ValueError(
-                f"layer must be in [0, {len(self.lengths)}), got {layer}"
+                f"LatentKVCache.update: layer must be in [0, {len(self.lengths)}), "
+                f"got {layer!r}"
             )
         batch, width, rope = self.c_kv.shape[1], self.c_kv.shape[-1], self.rope_dim
         if (
@@ -705,27 +707,6 @@ def _check_speculation(fn: str, alpha: float, k: int, cost_ratio: float) -> None
         raise ValueError(f"{fn}: cost_ratio must be non-negative, got {cost_ratio}")
 
 
-def _check_layer(name: str, layer: int, n_layers: int) -> None:
-    if not 0 <= layer < n_layers:
-        raise ValueError(f"{name}: layer must be in [0, {n_layers}), got {layer}")
-
-
-def _check_kv(
-    name: str, k: torch.Tensor, v: torch.Tensor, leading: tuple, head_dim: int
-) -> None:
-    """``k`` and ``v`` must both be ``leading + (T, head_dim)`` with ``T >= 1``."""
-    if (
-        k.shape != v.shape
-        or k.dim() != len(leading) + 2
-        or tuple(k.shape[:-2]) != leading
-        or k.shape[-1] != head_dim
-        or k.shape[-2] < 1
-    ):
-        raise ValueError(
-            f"{name}: k and v must have shape {leading + ('T', head_dim)} with T >= 1, "
-            f"got {tuple(k.shape)} and {tuple(v.shape)}"
-        )
-
 
 # --------------------------------------------------------------------------------------
 # Attention sinks (StreamingLLM)
@@ -800,13 +781,14 @@ class SinkKVCache(KVCache):
     def update(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        _check_layer("SinkKVCache.update", layer, len(self.lengths))
-        _check_kv(
+        check_cache_update(
             "SinkKVCache.update",
             k_new,
             v_new,
             tuple(self.k.shape[1:3]),
             self.k.shape[-1],
+            layer=layer,
+            n_layers=len(self.lengths),
         )
         n, T = self.lengths[layer], k_new.shape[-2]
         N = n + T
@@ -1169,8 +1151,15 @@ class QuantizedKVCache:
     def update(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        _check_layer("QuantizedKVCache.update", layer, self.n_layers)
-        _check_kv("QuantizedKVCache.update", k_new, v_new, self.leading, self.head_dim)
+        check_cache_update(
+            "QuantizedKVCache.update",
+            k_new,
+            v_new,
+            self.leading,
+            self.head_dim,
+            layer=layer,
+            n_layers=self.n_layers,
+        )
         n, T = self.lengths[layer], k_new.shape[-2]
         if n + T > self.max_len:
             raise CacheFullError(

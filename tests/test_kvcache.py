@@ -390,3 +390,25 @@ def test_importing_attnbook_and_kvcache_does_not_import_triton():
 
     code = "import attnbook, attnbook.kvcache, attnbook.models, sys; print('triton' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_every_cache_applies_the_contracts_update_rule():
+    """One rule (contract.check_cache_update) for every cache: a layer outside the cache,
+    an empty update and a wrong width raise ValueError naming the argument."""
+    from attnbook.serving import QuantizedKVCache, SinkKVCache
+
+    caches = [KVCache(2, 1, 1, 4, max_len=8), SlidingWindowKVCache(2, 1, 1, 4, window=3),
+              SinkKVCache(2, 1, 1, 4, n_sink=1, window=3),
+              QuantizedKVCache(2, 1, 1, 4, 8, bits=8, group_size=4)]
+    for cache in caches:
+        name = type(cache).__name__
+        with pytest.raises(ValueError, match=rf"{name}.update: layer must be in \[0, 2\), got 2"):
+            cache.update(2, randn(1, 1, 1, 4), randn(1, 1, 1, 4))
+        with pytest.raises(ValueError, match="T >= 1"):
+            cache.update(0, randn(1, 1, 0, 4), randn(1, 1, 0, 4))
+        with pytest.raises(ValueError, match=r"\(1, 1, 'T', 4\)"):
+            cache.update(0, randn(1, 1, 2, 5), randn(1, 1, 2, 5))
+    pages = PagedKVCache(4, 2, 1, 4)
+    pages.allocate("a")
+    with pytest.raises(ValueError, match="PagedKVCache.append: k and v must have shape"):
+        pages.append("a", randn(1, 0, 4), randn(1, 0, 4))
