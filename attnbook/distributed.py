@@ -60,7 +60,11 @@ __all__ = [
     "ulysses_bytes_per_rank",
     "pairs_per_rank",
     "attention_on_rank",
+    "time_on_rank",
+    "in_turn",
     "run_on_ranks",
+    "context_memory_bytes",
+    "largest_context",
 ]
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -710,6 +714,55 @@ def attention_on_rank(
     }
 
 
+def time_on_rank(
+    rank: int,
+    world_size: int,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    method: str = "ring",
+    is_causal: bool = False,
+    layout: str = "contiguous",
+    repeat: int = 3,
+) -> dict:
+    """Time one training step of attention (forward and backward) on this rank's
+    shards, under :func:`run_on_ranks`: the best of ``repeat`` runs after one warm-up.
+
+    Every run starts and ends at a barrier, so the time is that of the slowest rank, the
+    one the whole group waits for. Returns ``{"seconds", "stats"}`` (the
+    :class:`CommStats` of the last run).
+    """
+    q, k, v = (shard(t, rank, world_size, layout=layout) for t in (q, k, v))
+    grad = torch.ones(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
+    best = math.inf
+    for run in range(repeat + 1):
+        qs, ks, vs = (t.detach().requires_grad_() for t in (q, k, v))
+        dist.barrier()
+        start = time.perf_counter()
+        if method == "ring":
+            out, stats = ring_attention(
+                qs, ks, vs, is_causal=is_causal, layout=layout, return_stats=True
+            )
+        else:
+            out, stats = ulysses_attention(
+                qs, ks, vs, is_causal=is_causal, return_stats=True
+            )
+        out.backward(grad)
+        dist.barrier()
+        if run:  # the first run warms up
+            best = min(best, time.perf_counter() - start)
+    return {"seconds": best, "stats": stats}
+
+
+def in_turn(rank: int, world_size: int, *fns: Callable) -> list:
+    """Run several rank functions one after another in the same processes, so that
+    one :func:`run_on_ranks` (one spawn, the slow part) serves many experiments:
+    ``run_on_ranks(in_turn, W, f, g)`` returns, per rank, ``[f(rank, W), g(rank,
+    W)]``. Bind each function's arguments with ``functools.partial``."""
+    return [fn(rank, world_size) for fn in fns]
+
+
 def _free_port() -> int:
     """A TCP port free on the loopback interface now (bind to port 0, read it back)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -803,3 +856,92 @@ def run_on_ranks(
                 p.terminate()
             p.join()
     return [values[r] for r in range(world_size)]
+
+
+# --------------------------------------------------------------------------------------
+# How long a context fits: memory per GPU
+# --------------------------------------------------------------------------------------
+def context_memory_bytes(
+    seq_len: int,
+    world: int,
+    *,
+    n_params: int,
+    n_layers: int,
+    d_model: int,
+    d_ff: int,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int,
+    method: str = "ring",
+    bytes_per_elem: int = 2,
+) -> dict[str, int]:
+    """Bytes one of ``world`` GPUs holds to prefill a context of ``seq_len`` tokens
+    (inference, batch 1) with the sequence split across the GPUs, in a simple model
+    with the terms the complexity and KV-cache chapters count:
+
+    * ``"weights"``: the whole model on every GPU, ``n_params * bytes_per_elem``;
+    * ``"kv_cache"``: the keys and values of the GPU's ``seq_len / world`` positions in
+      every layer, :func:`attnbook.kvcache.kv_cache_bytes`;
+    * ``"activations"``: one layer's working set at a time (prefill keeps nothing else)
+      per local token: the residual and its normalized copy (``2 d_model``), ``q, k, v``
+      and the attention output (``(2 n_heads + 2 n_kv_heads) head_dim``) and the gated
+      MLP's three ``d_ff`` vectors, FlashAttention style: no score matrix;
+    * ``"in_flight"``: for ``"ring"`` the key/value block in use and the one arriving
+      (``4 n_kv_heads head_dim`` per local token), for ``"ulysses"`` the all-to-all's
+      receive buffers for ``q, k, v`` (``(n_heads + 2 n_kv_heads) head_dim``);
+    * ``"scores"``: what standard attention would add, one layer's ``n_heads x
+      (seq_len / world) x seq_len`` score matrix
+      (:func:`~attnbook.complexity.attention_memory_bytes`), not in ``"total"``.
+
+    Ulysses needs ``n_kv_heads`` divisible by ``world`` (``ValueError`` otherwise).
+    Left out: the logits (a server computes them for the last token only), the
+    allocator's fragmentation, and the CUDA context (about 0.5 GB).
+    """
+    from .complexity import attention_memory_bytes
+    from .kvcache import kv_cache_bytes
+
+    fn = "context_memory_bytes"
+    if method not in ("ring", "ulysses"):
+        raise ValueError(f"{fn}: method must be 'ring' or 'ulysses', got {method!r}")
+    n = _local_length(fn, seq_len, world)
+    if method == "ulysses" and n_kv_heads % world:
+        raise ValueError(
+            f"{fn}: Ulysses splits the heads over the GPUs, and n_kv_heads="
+            f"{n_kv_heads} is not divisible by world={world}"
+        )
+    per_token = 2 * d_model + 2 * (n_heads + n_kv_heads) * head_dim + 3 * d_ff
+    if method == "ring":
+        in_flight = 4 * n_kv_heads * head_dim
+    else:
+        in_flight = (n_heads + 2 * n_kv_heads) * head_dim
+    terms = {
+        "weights": n_params * bytes_per_elem,
+        "kv_cache": kv_cache_bytes(
+            n_layers, n_kv_heads, head_dim, n, 1, bytes_per_elem
+        ),
+        "activations": n * per_token * bytes_per_elem,
+        "in_flight": n * in_flight * bytes_per_elem,
+    }
+    terms["total"] = sum(terms.values())
+    terms["scores"] = attention_memory_bytes(
+        n, n_heads, bytes_per_elem=bytes_per_elem, kv_len=seq_len
+    )
+    return terms
+
+
+def largest_context(
+    gpu_bytes: int, world: int, *, multiple: int = 1024, **config
+) -> int:
+    """The longest context, a multiple of ``multiple * world`` tokens, whose
+    :func:`context_memory_bytes` total fits in ``gpu_bytes`` on each of ``world``
+    GPUs (``config``: its keyword arguments); 0 when not even the weights fit.
+
+    The total is the weights plus a fixed number of bytes per local token, so the
+    answer grows linearly with ``world``: ``world`` times the tokens one GPU's free
+    memory holds.
+    """
+    step = multiple * world
+    fixed = context_memory_bytes(step, world, **config)
+    per_step = fixed["total"] - fixed["weights"]
+    free = gpu_bytes - fixed["weights"]
+    return max(free // per_step, 0) * step

@@ -707,7 +707,6 @@ def _check_speculation(fn: str, alpha: float, k: int, cost_ratio: float) -> None
         raise ValueError(f"{fn}: cost_ratio must be non-negative, got {cost_ratio}")
 
 
-
 # --------------------------------------------------------------------------------------
 # Attention sinks (StreamingLLM)
 # --------------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ inputs, and hands the shards back. The parent compares them with PyTorch's
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 
 import torch
@@ -21,12 +23,16 @@ from hypothesis import strategies as st
 
 from attnbook.distributed import (
     attention_on_rank,
+    context_memory_bytes,
+    in_turn,
+    largest_context,
     pairs_per_rank,
     ring_attention,
     ring_bytes_per_rank,
     run_on_ranks,
     shard,
     shard_positions,
+    time_on_rank,
     ulysses_attention,
     ulysses_bytes_per_rank,
     unshard,
@@ -116,6 +122,11 @@ def _rank_checks(rank, world, full):
             )  # fmt: skip
         if w > 1:
             found[w, "errors"] = _bad_inputs(w, group)
+    q, k, v, _ = full[H]
+    timed = [functools.partial(time_on_rank, q=q, k=k, v=v, method=method,
+                               is_causal=True, layout=layout, repeat=1)
+             for method, layout in (("ring", "zigzag"), ("ulysses", "contiguous"))]
+    found["in turn"] = in_turn(rank, world, *timed)
     return found
 
 
@@ -269,6 +280,68 @@ def test_pairs_per_rank_in_closed_form():
     balanced = c * c * (2 * world - 1) + c * (c + 1)
     assert pairs_per_rank(n * world, world, layout="zigzag") == [balanced] * world
     assert pairs_per_rank(8, 2, is_causal=False) == [32, 32]
+
+
+def test_time_on_rank_times_a_training_step_and_in_turn_runs_each_experiment(ranks):
+    for method, result in zip(("ring", "ulysses"), ranks[0]["in turn"]):
+        assert 0 < result["seconds"] < 60
+        formula = ring_bytes_per_rank if method == "ring" else ulysses_bytes_per_rank
+        expected = formula(B, H, L, E, 4, 8, value_dim=EV)
+        stats = result["stats"]
+        assert (stats.bytes_sent, stats.bytes_sent_backward) == (
+            expected["forward"], expected["backward"])
+    # every rank waits for the slowest at the closing barrier: about the same time
+    ring_times = [ranks[r]["in turn"][0]["seconds"] for r in range(4)]
+    assert max(ring_times) < 10 * min(ring_times) + 0.05
+
+
+# --------------------------------------------------------------------------------------
+# Memory per GPU and the longest context
+# --------------------------------------------------------------------------------------
+LLAMA_3_8B = dict(n_params=8_030_261_248, n_layers=32, d_model=4096, d_ff=14336,
+                  n_heads=32, n_kv_heads=8, head_dim=128)
+
+
+def test_context_memory_by_hand():
+    m = context_memory_bytes(8192, 4, **LLAMA_3_8B)
+    n = 2048  # tokens per GPU
+    assert m["weights"] == 2 * 8_030_261_248
+    assert m["kv_cache"] == n * 32 * 2 * 8 * 128 * 2  # 128 KiB per token
+    assert m["activations"] == n * (2 * 4096 + 2 * (32 + 8) * 128 + 3 * 14336) * 2
+    assert m["in_flight"] == n * 4 * 8 * 128 * 2
+    assert m["total"] == sum(m[t] for t in ("weights", "kv_cache", "activations",
+                                            "in_flight"))
+    assert m["scores"] == 32 * n * 8192 * 2  # not in the total: FlashAttention
+    u = context_memory_bytes(8192, 4, method="ulysses", **LLAMA_3_8B)
+    assert u["in_flight"] == n * (32 + 2 * 8) * 128 * 2
+    assert {t: u[t] for t in ("weights", "kv_cache", "activations")} == {
+        t: m[t] for t in ("weights", "kv_cache", "activations")}
+
+
+def test_context_memory_refuses_what_cannot_be_split():
+    with pytest.raises(ValueError, match="n_kv_heads=8 is not divisible by world=16"):
+        context_memory_bytes(16 * 1024, 16, method="ulysses", **LLAMA_3_8B)
+    with pytest.raises(ValueError, match="seq_len=1000 must split evenly over world=3"):
+        context_memory_bytes(1000, 3, **LLAMA_3_8B)
+    with pytest.raises(ValueError, match="method must be 'ring' or 'ulysses'"):
+        context_memory_bytes(1024, 1, method="tree", **LLAMA_3_8B)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 8, 64])
+def test_largest_context_fits_and_one_more_step_does_not(world):
+    gpu = 80 * 10**9
+    longest = largest_context(gpu, world, **LLAMA_3_8B)
+    step = 1024 * world
+    assert longest % step == 0 and longest > 0
+    assert context_memory_bytes(longest, world, **LLAMA_3_8B)["total"] <= gpu
+    assert context_memory_bytes(longest + step, world, **LLAMA_3_8B)["total"] > gpu
+    # linear in the number of GPUs: world times what one GPU holds, up to rounding
+    one = largest_context(gpu, 1, multiple=1, **LLAMA_3_8B)
+    assert math.isclose(longest, world * one, rel_tol=0.02)
+
+
+def test_largest_context_is_zero_when_the_weights_do_not_fit():
+    assert largest_context(10 * 10**9, 8, **LLAMA_3_8B) == 0
 
 
 # --------------------------------------------------------------------------------------

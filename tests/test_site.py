@@ -275,7 +275,8 @@ def test_written_solutions_are_collapsed_until_clicked(browser, server, chapter)
 SEARCH_WORDS = {"attention": "equivariance", "complexity": "crossover", "positional": "ALiBi",
                 "sparse": "BigBird", "linear": "Performer", "kv_cache": "paged", "flash": "SRAM",
                 "rnn_attention": "Bahdanau", "vision_attention": "rollout", "graph_attention": "karate",
-                "connections": "Hopfield", "transformer": "induction", "serving": "speculative"}
+                "connections": "Hopfield", "transformer": "induction", "serving": "speculative",
+                "distributed": "Ulysses"}
 
 
 def test_search_words_cover_every_chapter():

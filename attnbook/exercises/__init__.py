@@ -103,6 +103,7 @@ from . import (  # noqa: E402,F401
     attention,
     complexity,
     connections,
+    distributed,
     flash,
     graph,
     kvcache,
