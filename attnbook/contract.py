@@ -35,10 +35,15 @@ grouped-query attention).
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 
 __all__ = [
+    "check_int",
+    "check_sizes",
+    "check_real",
+    "check_flag",
     "check_attention_options",
     "check_float",
     "check_qkv",
@@ -56,6 +61,72 @@ __all__ = [
 
 def _shape(t) -> str:
     return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+# --------------------------------------------------------------------------------------
+# Numbers and flags: one rule each, for every module
+# --------------------------------------------------------------------------------------
+def check_int(fn: str, name: str, value, minimum: int = 1) -> int:
+    """``value`` as an int ``>= minimum``: ``TypeError`` for a non-integer (a float,
+    a bool), ``ValueError`` below ``minimum``, both naming ``fn`` and ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(
+            f"{fn}: {name} must be an integer >= {minimum}, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    if value < minimum:
+        raise ValueError(f"{fn}: {name} must be an integer >= {minimum}, got {value}")
+    return int(value)
+
+
+def check_sizes(fn: str, **values) -> None:
+    """``ValueError`` naming ``fn`` and the argument unless every value is a positive
+    integer (a bool is not one): ``check_sizes("GNN", hidden=h, heads=n)``."""
+    for name, value in values.items():
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, numbers.Integral)
+            or value < 1
+        ):
+            raise ValueError(f"{fn}: {name} must be a positive integer, got {value!r}")
+
+
+def check_real(
+    fn: str,
+    name: str,
+    value,
+    *,
+    above: float | None = None,
+    minimum: float | None = None,
+) -> float:
+    """``value`` as a finite float, ``> above`` and ``>= minimum`` when given:
+    ``TypeError`` for a non-number (a bool included), ``ValueError`` otherwise."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(
+            f"{fn}: {name} must be a real number, got {value!r} "
+            f"({type(value).__name__})"
+        )
+    bound = ""
+    if above is not None:
+        bound += f" > {above:g}"
+    if minimum is not None:
+        bound += f" >= {minimum}"
+    too_small = (above is not None and not value > above) or (
+        minimum is not None and value < minimum
+    )
+    if not math.isfinite(value) or too_small:
+        raise ValueError(f"{fn}: {name} must be a finite number{bound}, got {value!r}")
+    return float(value)
+
+
+def check_flag(fn: str, name: str, value) -> bool:
+    """``value`` as a bool: True, False (or the ints 1, 0); anything else, a mask
+    tensor or the string ``"False"`` included, is a ``TypeError``."""
+    if isinstance(value, bool) or type(value).__name__ == "bool_":
+        return bool(value)
+    if isinstance(value, numbers.Integral) and value in (0, 1):
+        return bool(value)
+    raise TypeError(f"{fn}: {name} must be a bool, got {value!r}")
 
 
 def check_float(fn: str, name: str, t: torch.Tensor) -> None:
