@@ -31,6 +31,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from .core import masked_softmax
 
@@ -682,6 +683,24 @@ class AttentionPooling(nn.Module):
         return (alpha.unsqueeze(-1) * h).sum(1), alpha
 
 
+def _packed_gru(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Run the batch-first ``gru`` over the first ``lengths[i]`` steps of each row of
+    ``x`` ``(N, T, d)`` only, so that the backward direction starts at the last real
+    step, not at the padding; padded steps and empty rows (length 0) give zeros."""
+    width = gru.hidden_size * (2 if gru.bidirectional else 1)
+    out = x.new_zeros(*x.shape[:2], width)
+    rows = (lengths > 0).nonzero().squeeze(-1)
+    if len(rows):
+        packed = pack_padded_sequence(
+            x[rows], lengths[rows].cpu(), batch_first=True, enforce_sorted=False
+        )
+        y, _ = pad_packed_sequence(
+            gru(packed)[0], batch_first=True, total_length=x.shape[1]
+        )
+        out = out.index_copy(0, rows, y)
+    return out
+
+
 class HierarchicalAttentionNetwork(nn.Module):
     """Hierarchical attention network (Yang et al., 2016): words -> sentence vectors ->
     document vector.
@@ -689,9 +708,12 @@ class HierarchicalAttentionNetwork(nn.Module):
     A bidirectional GRU reads each sentence, :class:`AttentionPooling` turns its words
     into one sentence vector; a second bidirectional GRU reads the sentence vectors, a
     second pooling makes the document vector, a linear layer classifies it. ``docs``:
-    ``(B, S, W)`` token ids, ``pad_id`` marks padding (whole padded sentences allowed).
-    Returns ``(logits (B, n_classes), word_weights (B, S, W), sentence_weights (B,
-    S))``: two levels of "where the model looked".
+    ``(B, S, W)`` token ids, ``pad_id`` marks padding: words at the end of a sentence,
+    empty sentences at the end of a document (``ValueError`` otherwise). Both GRUs run
+    over the real words and sentences only (packed sequences), so a document gives the
+    same result alone or padded in a batch. Returns ``(logits (B, n_classes),
+    word_weights (B, S, W), sentence_weights (B, S))``: two levels of "where the model
+    looked".
     """
 
     def __init__(
@@ -721,12 +743,23 @@ class HierarchicalAttentionNetwork(nn.Module):
             )
         B, S, W = docs.shape
         word_mask = docs != self.pad_id  # (B, S, W)
-        words, _ = self.word_rnn(self.embed(docs.view(B * S, W)))  # (B*S, W, 2h)
-        sentences, word_weights = self.word_pool(
-            words, key_padding_mask=~word_mask.view(B * S, W)
-        )
         sentence_mask = word_mask.any(-1)  # (B, S): sentences with a word
-        sentences, _ = self.sentence_rnn(sentences.view(B, S, -1))
+        for mask, what in ((word_mask, "word"), (sentence_mask, "sentence")):
+            late = mask[..., 1:] & ~mask[..., :-1]  # real after padding
+            if late.any():
+                where = tuple(late.nonzero()[0].tolist())
+                raise ValueError(
+                    f"HierarchicalAttentionNetwork: docs must be padded at the end: a "
+                    f"{what} at index {where[:-1] + (where[-1] + 1,)} follows padding"
+                )
+        flat = word_mask.view(B * S, W)
+        words = _packed_gru(
+            self.word_rnn, self.embed(docs.view(B * S, W)), flat.sum(-1)
+        )  # (B*S, W, 2h)
+        sentences, word_weights = self.word_pool(words, key_padding_mask=~flat)
+        sentences = _packed_gru(
+            self.sentence_rnn, sentences.view(B, S, -1), sentence_mask.sum(-1)
+        )
         document, sentence_weights = self.sentence_pool(
             sentences, key_padding_mask=~sentence_mask
         )

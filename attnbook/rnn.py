@@ -12,20 +12,28 @@ per example), the keys are the encoder states ``(B, S, Dk)``, and the keyword-on
 ``key_padding_mask`` is ``(B, S)`` bool, True where a source position is padding to
 ignore (the convention of ``torch.nn.MultiheadAttention``). Every attention module
 returns ``(context (B, Dk), weights (B, S))``; padded positions get exactly zero weight
-(the scores go through :func:`attnbook.core.masked_softmax`). :class:`Seq2Seq` takes a
+(the scores go through :func:`attnbook.core.masked_softmax`), and a query with no real
+key (``S = 0``, or every key padding) gets a zero context. :class:`Seq2Seq` takes a
 batch's ``src_mask`` (True = real token, as :meth:`attnbook.data.Task.encode` makes it)
-and hands ``~src_mask`` to its attention.
+and hands ``~src_mask`` to its attention. Local attention, the first step of
+location-aware attention and :class:`Seq2Seq` count positions from the start of a row,
+so their masks must be right-padded (padding only at the end of a row); a left-padded
+mask raises ``ValueError`` rather than silently reading padding.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from .contract import check_sizes as _check_sizes
+from .contract import check_float, check_key_padding_mask
 from .core import (
     additive_score,
     dot_score,
@@ -56,27 +64,112 @@ __all__ = [
 ]
 
 
+def _shape(t) -> str:
+    return str(tuple(t.shape)) if isinstance(t, torch.Tensor) else type(t).__name__
+
+
+def _check_optional_size(fn: str, name: str, value) -> None:
+    """``None`` (a default) or a positive integer; ``0`` is not taken for ``None``."""
+    if value is not None:
+        _check_sizes(fn, **{name: value})
+
+
+def _check_count(fn: str, name: str, value) -> None:
+    """An integer ``>= 0`` (``max_len``, ``steps``, a decoder ``step``)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+        raise ValueError(f"{fn}: {name} must be an integer >= 0, got {value!r}")
+
+
+def _check_rate(fn: str, name: str, value, *, zero: bool = False) -> None:
+    """A finite number ``> 0`` (``>= 0`` with ``zero=True``)."""
+    ok = (
+        isinstance(value, numbers.Real)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+        and (value >= 0 if zero else value > 0)
+    )
+    if not ok:
+        bound = ">= 0" if zero else "> 0"
+        raise ValueError(f"{fn}: {name} must be a finite number {bound}, got {value!r}")
+
+
+def _check_right_padded(fn: str, name: str, real: torch.Tensor, convention: str):
+    """Padding only at the end of each row: no real position after a padded one.
+
+    ``real`` is True on real positions; ``convention`` says how ``name`` marks them.
+    Positions are counted from the start of the row (a source length, local
+    attention's window, the first frame), so a left-padded row would silently read
+    padding.
+    """
+    late = real[:, 1:] & ~real[:, :-1]  # a real position right after a padded one
+    if late.any():
+        row = int(late.any(-1).nonzero()[0])
+        raise ValueError(
+            f"{fn}: {name} must be right-padded ({convention}, padding only at the "
+            f"end of each row); row {row} is {real[row].int().tolist()} "
+            "(1 = real)"
+        )
+
+
 def _check_step_inputs(
+    fn: str,
+    module: nn.Module,
     query: torch.Tensor,
     keys: torch.Tensor,
     key_padding_mask: torch.Tensor | None,
-    dq: int,
-    dk: int,
 ) -> None:
+    """The rules of every attention module's step: ``query`` ``(B, Dq)``, ``keys``
+    ``(B, S, Dk)`` of the module's floating dtype, ``key_padding_mask`` bool ``(B, S)``
+    (True = padding)."""
+    check_float(fn, "query", query)
+    check_float(fn, "keys", keys)
+    dq, dk = module.query_dim, module.key_dim
     if query.dim() != 2 or query.shape[1] != dq:
         raise ValueError(
-            f"query must have shape (B, Dq={dq}), got {tuple(query.shape)}"
+            f"{fn}: query must have shape (B, Dq={dq}), got {_shape(query)}"
         )
     if keys.dim() != 3 or keys.shape[0] != query.shape[0] or keys.shape[2] != dk:
         raise ValueError(
-            f"keys must have shape (B={query.shape[0]}, S, Dk={dk}), got "
-            f"{tuple(keys.shape)}"
+            f"{fn}: keys must have shape (B={query.shape[0]}, S, Dk={dk}), got "
+            f"{_shape(keys)}"
         )
-    kpm = key_padding_mask
-    if kpm is not None and (kpm.dtype != torch.bool or kpm.shape != keys.shape[:2]):
+    param = next(module.parameters(), None)
+    dtype = keys.dtype if param is None else param.dtype
+    if not query.dtype == keys.dtype == dtype:
+        raise TypeError(
+            f"{fn}: query ({query.dtype}) and keys ({keys.dtype}) must have the "
+            f"module's dtype {dtype}"
+        )
+    if key_padding_mask is not None:
+        check_key_padding_mask(fn, key_padding_mask, *keys.shape[:2])
+
+
+def _check_per_position(fn: str, name: str, t, keys: torch.Tensor) -> None:
+    """``coverage`` / ``prev_weights``: one number per key, ``(B, S)``."""
+    check_float(fn, name, t)
+    if t.shape != keys.shape[:2]:
         raise ValueError(
-            "key_padding_mask must be a bool tensor (True = padding) of shape (B, S) = "
-            f"{tuple(keys.shape[:2])}, got {kpm.dtype} {tuple(kpm.shape)}"
+            f"{fn}: {name} must have shape (B, S) = {tuple(keys.shape[:2])}, got "
+            f"{_shape(t)}"
+        )
+
+
+def _check_same_shape(fn: str, **tensors) -> None:
+    """Floating tensors of one shape ``(..., S)`` (at least one dimension)."""
+    for name, t in tensors.items():
+        check_float(fn, name, t)
+    shapes = {tuple(t.shape) for t in tensors.values()}
+    if len(shapes) > 1 or () in shapes:
+        got = " and ".join(f"{name} {_shape(t)}" for name, t in tensors.items())
+        raise ValueError(f"{fn}: {got} must have the same shape (..., S)")
+
+
+def _check_keys_proj(fn: str, keys_proj, keys: torch.Tensor, hidden: int) -> None:
+    check_float(fn, "keys_proj", keys_proj)
+    if keys_proj.shape != (*keys.shape[:2], hidden):
+        raise ValueError(
+            f"{fn}: keys_proj must have shape (B, S, H) = "
+            f"{(*keys.shape[:2], hidden)}, got {_shape(keys_proj)}"
         )
 
 
@@ -108,7 +201,14 @@ class BahdanauAttention(nn.Module):
         self, query_dim: int, key_dim: int, hidden_dim: int, *, coverage: bool = False
     ):
         super().__init__()
+        _check_sizes(
+            "BahdanauAttention",
+            query_dim=query_dim,
+            key_dim=key_dim,
+            hidden_dim=hidden_dim,
+        )
         self.query_dim, self.key_dim, self.coverage = query_dim, key_dim, coverage
+        self.hidden_dim = hidden_dim
         self.W = nn.Linear(query_dim, hidden_dim, bias=False)
         self.U = nn.Linear(key_dim, hidden_dim, bias=False)
         self.v = nn.Parameter(
@@ -138,7 +238,8 @@ class BahdanauAttention(nn.Module):
                 hidden = hidden + coverage.unsqueeze(-1) * self.w_c
         elif coverage is not None:
             raise ValueError(
-                "coverage was given to a BahdanauAttention built with coverage=False"
+                "BahdanauAttention: coverage was given to a module built with "
+                "coverage=False"
             )
         return torch.tanh(hidden) @ self.v
 
@@ -158,13 +259,14 @@ class BahdanauAttention(nn.Module):
         ``keys_proj``: ``project_keys(keys)`` when the caller has it already. Returns
         ``(context (B, Dk), weights (B, S))``.
         """
-        _check_step_inputs(query, keys, key_padding_mask, self.query_dim, self.key_dim)
-        if coverage is not None and coverage.shape != keys.shape[:2]:
-            raise ValueError(
-                f"coverage must have shape (B, S) = {tuple(keys.shape[:2])}, got "
-                f"{tuple(coverage.shape)}"
-            )
-        keys_proj = self.project_keys(keys) if keys_proj is None else keys_proj
+        fn = "BahdanauAttention.forward"
+        _check_step_inputs(fn, self, query, keys, key_padding_mask)
+        if coverage is not None:
+            _check_per_position(fn, "coverage", coverage, keys)
+        if keys_proj is None:
+            keys_proj = self.project_keys(keys)
+        else:
+            _check_keys_proj(fn, keys_proj, keys, self.hidden_dim)
         return _attend(self.scores(query, keys_proj, coverage), keys, key_padding_mask)
 
 
@@ -192,11 +294,16 @@ class LuongAttention(nn.Module):
         hidden_dim: int | None = None,
     ):
         super().__init__()
+        fn = "LuongAttention"
+        _check_sizes(fn, query_dim=query_dim, key_dim=key_dim)
+        _check_optional_size(fn, "hidden_dim", hidden_dim)
         if method not in self.METHODS:
-            raise ValueError(f"method must be one of {self.METHODS}, got {method!r}")
+            raise ValueError(
+                f"{fn}: method must be one of {self.METHODS}, got {method!r}"
+            )
         if method == "dot" and query_dim != key_dim:
             raise ValueError(
-                f"the dot score needs query_dim == key_dim, got {query_dim} and "
+                f"{fn}: the dot score needs query_dim == key_dim, got {query_dim} and "
                 f"{key_dim}"
             )
         self.query_dim, self.key_dim, self.method = query_dim, key_dim, method
@@ -207,7 +314,7 @@ class LuongAttention(nn.Module):
                 )
             )
         elif method == "concat":
-            hidden_dim = hidden_dim or query_dim
+            hidden_dim = query_dim if hidden_dim is None else hidden_dim
             self.W_a = nn.Linear(query_dim + key_dim, hidden_dim, bias=False)
             self.v_a = nn.Parameter(
                 torch.empty(hidden_dim).uniform_(
@@ -234,7 +341,8 @@ class LuongAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``query`` ``(B, Dq)``, ``keys`` ``(B, S, Dk)``, ``key_padding_mask`` ``(B,
         S)`` bool (True = padding) -> ``(context (B, Dk), weights (B, S))``."""
-        _check_step_inputs(query, keys, key_padding_mask, self.query_dim, self.key_dim)
+        fn = "LuongAttention.forward"
+        _check_step_inputs(fn, self, query, keys, key_padding_mask)
         return _attend(self.scores(query, keys), keys, key_padding_mask)
 
 
@@ -255,6 +363,10 @@ class LocalAttention(nn.Module):
     (2\sigma^2)\big)`. The window cut is not differentiable in :math:`p_t`, the Gaussian
     is: that is how local-p learns where to look. Like in the paper, the weights then
     sum to less than 1.
+
+    Positions count from the start of each row, so ``key_padding_mask`` must be
+    right-padded (True = padding, only at the end of a row); a left-padded mask raises
+    ``ValueError`` instead of silently centring the window on padding.
     """
 
     MODES = ("local-m", "local-p")
@@ -269,10 +381,12 @@ class LocalAttention(nn.Module):
         hidden_dim: int | None = None,
     ):
         super().__init__()
+        fn = "LocalAttention"
         if mode not in self.MODES:
-            raise ValueError(f"mode must be one of {self.MODES}, got {mode!r}")
-        if window < 1:
-            raise ValueError(f"window D must be >= 1, got {window}")
+            raise ValueError(f"{fn}: mode must be one of {self.MODES}, got {mode!r}")
+        _check_sizes(fn, query_dim=query_dim, key_dim=key_dim, window=window)
+        _check_optional_size(fn, "hidden_dim", hidden_dim)
+        hidden_dim = query_dim if hidden_dim is None else hidden_dim
         self.query_dim, self.key_dim, self.window, self.mode = (
             query_dim,
             key_dim,
@@ -281,23 +395,47 @@ class LocalAttention(nn.Module):
         )
         self.score = LuongAttention(query_dim, key_dim, method="general")
         if mode == "local-p":
-            self.W_p = nn.Linear(query_dim, hidden_dim or query_dim, bias=False)
-            self.v_p = nn.Linear(hidden_dim or query_dim, 1, bias=False)
+            self.W_p = nn.Linear(query_dim, hidden_dim, bias=False)
+            self.v_p = nn.Linear(hidden_dim, 1, bias=False)
 
     def centre(
         self, query: torch.Tensor, lengths: torch.Tensor, *, step: int | None = None
     ) -> torch.Tensor:
         """The aligned source position :math:`p_t`, shape ``(B,)``; ``lengths`` ``(B,)``
         are the source lengths."""
+        fn = "LocalAttention.centre"
+        if not isinstance(lengths, torch.Tensor) or lengths.shape != query.shape[:1]:
+            raise ValueError(
+                f"{fn}: lengths must be a tensor of shape (B,) = "
+                f"{tuple(query.shape[:1])}, got {_shape(lengths)}"
+            )
         if self.mode == "local-m":
             if step is None:
-                raise ValueError("local-m attention needs the decoder step (step=t)")
+                raise ValueError(
+                    f"{fn}: local-m attention needs the decoder step (step=t)"
+                )
+            _check_count(fn, "step", step)
             return torch.full(
                 (query.shape[0],), float(step), dtype=query.dtype, device=query.device
             )
         return lengths.to(query.dtype) * torch.sigmoid(
             self.v_p(torch.tanh(self.W_p(query)))
         ).squeeze(-1)
+
+    def _check_inputs(self, query, keys, key_padding_mask, step) -> None:
+        """The step rules, a right-padded mask, and ``step >= 0`` for local-m."""
+        fn = "LocalAttention.forward"
+        _check_step_inputs(fn, self, query, keys, key_padding_mask)
+        if key_padding_mask is not None:
+            _check_right_padded(
+                fn, "key_padding_mask", ~key_padding_mask, "True = padding"
+            )
+        if self.mode == "local-m":
+            if step is None:
+                raise ValueError(
+                    f"{fn}: local-m attention needs the decoder step (step=t)"
+                )
+            _check_count(fn, "step", step)
 
     def forward(
         self,
@@ -313,7 +451,7 @@ class LocalAttention(nn.Module):
         Returns ``(context (B, Dk), weights (B, S))``; weights are zero outside the
         window and on padding.
         """
-        _check_step_inputs(query, keys, key_padding_mask, self.query_dim, self.key_dim)
+        self._check_inputs(query, keys, key_padding_mask, step)
         B, S = keys.shape[:2]
         real = (
             torch.ones(B, S, dtype=torch.bool, device=keys.device)
@@ -344,20 +482,18 @@ def coverage_loss(weights: torch.Tensor, coverage: torch.Tensor) -> torch.Tensor
     is zero when the step attends only to positions nobody attended before, and at most
     1 (the weights sum to 1).
     """
-    if weights.shape != coverage.shape:
-        raise ValueError(
-            f"weights {tuple(weights.shape)} and coverage {tuple(coverage.shape)} "
-            "must have the same shape"
-        )
+    _check_same_shape("coverage_loss", weights=weights, coverage=coverage)
     return torch.minimum(weights, coverage).sum(-1)
 
 
 def accumulated_coverage(weights: torch.Tensor) -> torch.Tensor:
     r"""Coverage before each step, :math:`c^t = \sum_{t' < t} a^{t'}`: ``(B, T, S)`` ->
     ``(B, T, S)``, zero at ``t = 0``."""
+    check_float("accumulated_coverage", "weights", weights)
     if weights.dim() != 3:
         raise ValueError(
-            f"weights must have shape (B, T, S), got {tuple(weights.shape)}"
+            "accumulated_coverage: weights must have shape (B, T, S), got "
+            f"{_shape(weights)}"
         )
     return weights.cumsum(1) - weights
 
@@ -372,7 +508,23 @@ def repeated_attention(
     count. A model that attends to each source token once scores 0; one that keeps
     re-reading the same token scores high.
     """
+    fn = "repeated_attention"
+    check_float(fn, "weights", weights)
+    if weights.dim() != 3:
+        raise ValueError(
+            f"{fn}: weights must have shape (B, T, S), got {_shape(weights)}"
+        )
     if tgt_mask is not None:
+        if not isinstance(tgt_mask, torch.Tensor) or tgt_mask.dtype != torch.bool:
+            raise TypeError(
+                f"{fn}: tgt_mask must be a bool tensor (True = count the step), got "
+                f"{getattr(tgt_mask, 'dtype', type(tgt_mask).__name__)}"
+            )
+        if tgt_mask.shape != weights.shape[:2]:
+            raise ValueError(
+                f"{fn}: tgt_mask must have shape (B, T) = {tuple(weights.shape[:2])}, "
+                f"got {_shape(tgt_mask)}"
+            )
         weights = weights * tgt_mask.unsqueeze(-1)
     return torch.relu(weights.sum(1) - 1).sum(-1)
 
@@ -411,9 +563,21 @@ class LocationAwareAttention(nn.Module):
         location: bool = True,
     ):
         super().__init__()
-        if kernel_size < 1 or kernel_size % 2 == 0:
-            raise ValueError(f"kernel_size must be odd and >= 1, got {kernel_size}")
+        fn = "LocationAwareAttention"
+        _check_sizes(
+            fn,
+            query_dim=query_dim,
+            key_dim=key_dim,
+            hidden_dim=hidden_dim,
+            n_filters=n_filters,
+            kernel_size=kernel_size,
+        )
+        if kernel_size % 2 == 0:
+            raise ValueError(
+                f"{fn}: kernel_size must be odd and >= 1, got {kernel_size}"
+            )
         self.query_dim, self.key_dim, self.location = query_dim, key_dim, location
+        self.hidden_dim = hidden_dim
         self.W = nn.Linear(query_dim, hidden_dim, bias=False)
         self.V = nn.Linear(key_dim, hidden_dim, bias=False)
         if location:
@@ -450,18 +614,28 @@ class LocationAwareAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         r"""``query`` ``(B, Dq)``, ``keys`` ``(B, S, Dk)``, ``key_padding_mask`` ``(B,
         S)`` bool (True = padding), ``prev_weights`` :math:`\alpha_{i-1}` ``(B, S)``;
-        ``None`` means the alignment starts on the first frame (a one-hot on frame 0).
+        ``None`` means the alignment starts on the first frame (a one-hot on frame 0),
+        which needs a right-padded ``key_padding_mask`` (``ValueError`` otherwise).
         Returns ``(context (B, Dk), weights (B, S))``."""
-        _check_step_inputs(query, keys, key_padding_mask, self.query_dim, self.key_dim)
+        fn = "LocationAwareAttention.forward"
+        _check_step_inputs(fn, self, query, keys, key_padding_mask)
         if prev_weights is None:
+            if key_padding_mask is not None:
+                _check_right_padded(
+                    fn, "key_padding_mask", ~key_padding_mask, "True = padding"
+                )
             prev_weights = torch.zeros_like(keys[..., 0])
-            prev_weights[:, 0] = 1.0
-        elif prev_weights.shape != keys.shape[:2]:
-            raise ValueError(
-                f"prev_weights must have shape (B, S) = {tuple(keys.shape[:2])}, got "
-                f"{tuple(prev_weights.shape)}"
+            prev_weights[:, :1] = 1.0
+        else:
+            _check_per_position(fn, "prev_weights", prev_weights, keys)
+        if keys_proj is None:
+            keys_proj = self.V(keys)
+        else:
+            _check_keys_proj(fn, keys_proj, keys, self.hidden_dim)
+        if keys.shape[1] == 0:  # no frame: zero context (the convolution needs one)
+            return keys.new_zeros(keys.shape[0], self.key_dim), keys.new_zeros(
+                keys.shape[0], 0
             )
-        keys_proj = self.V(keys) if keys_proj is None else keys_proj
         scores = self.scores(query, keys_proj, prev_weights)
         return _attend(scores, keys, key_padding_mask)
 
@@ -474,7 +648,30 @@ class LocationAwareAttention(nn.Module):
     ) -> torch.Tensor:
         """Run the alignment through ``T`` steps, each fed its own previous weights:
         ``queries`` ``(B, T, Dq)`` -> weights ``(B, T, S)``. Step 0 starts from the
-        first frame; ``key_padding_mask`` ``(B, S)`` is True on padded frames."""
+        first frame; ``key_padding_mask`` ``(B, S)`` is True on padded frames (at the
+        end of each row). ``T = 0`` gives ``(B, 0, S)``."""
+        fn = "LocationAwareAttention.align"
+        check_float(fn, "queries", queries)
+        check_float(fn, "keys", keys)
+        if (
+            queries.dim() != 3
+            or keys.dim() != 3
+            or queries.shape[0] != keys.shape[0]
+            or queries.shape[2] != self.query_dim
+        ):
+            raise ValueError(
+                f"{fn}: queries must have shape (B, T, Dq={self.query_dim}) and keys "
+                f"(B, S, Dk={self.key_dim}) with the same B, got {_shape(queries)} and "
+                f"{_shape(keys)}"
+            )
+        first = queries.new_zeros(queries.shape[0], self.query_dim)
+        _check_step_inputs(fn, self, first, keys, key_padding_mask)
+        if key_padding_mask is not None:
+            _check_right_padded(
+                fn, "key_padding_mask", ~key_padding_mask, "True = padding"
+            )
+        if queries.shape[1] == 0:
+            return keys.new_zeros(keys.shape[0], 0, keys.shape[1])
         keys_proj, prev, steps = self.V(keys), None, []
         for t in range(queries.shape[1]):
             _, prev = self(
@@ -490,7 +687,24 @@ class LocationAwareAttention(nn.Module):
 
 def weight_on_target(weights: torch.Tensor, alignment: torch.Tensor) -> torch.Tensor:
     """Mean attention weight on the right frames: ``weights`` and ``alignment`` ``(B, T,
-    S)`` -> scalar in ``[0, 1]`` (1 = every step reads only its own segment)."""
+    S)`` -> scalar in ``[0, 1]`` (1 = every step reads only its own segment); ``B`` and
+    ``T`` must be at least 1."""
+    fn = "weight_on_target"
+    check_float(fn, "weights", weights)
+    if not isinstance(alignment, torch.Tensor):
+        raise TypeError(
+            f"{fn}: alignment must be a torch.Tensor, got {_shape(alignment)}"
+        )
+    if weights.dim() != 3 or weights.shape != alignment.shape:
+        raise ValueError(
+            f"{fn}: weights and alignment must have the same shape (B, T, S), got "
+            f"{_shape(weights)} and {_shape(alignment)}"
+        )
+    if weights.shape[0] == 0 or weights.shape[1] == 0:
+        raise ValueError(
+            f"{fn}: the mean over no step is undefined: weights {_shape(weights)} "
+            "needs B >= 1 and T >= 1"
+        )
     return (weights * alignment).sum(-1).mean()
 
 
@@ -508,6 +722,17 @@ def train_aligner(
     ``-log`` of the weight step ``t`` puts on the frames of segment ``t``, averaged
     over the steps. The order of the examples is drawn from ``generator``. Returns the
     loss of every update."""
+    fn = "train_aligner"
+    if not isinstance(attention, LocationAwareAttention):
+        raise TypeError(
+            f"{fn}: attention must be a LocationAwareAttention, got "
+            f"{type(attention).__name__}"
+        )
+    _check_count(fn, "steps", steps)
+    _check_sizes(fn, batch_size=batch_size)
+    _check_rate(fn, "lr", lr)
+    if len(task.frames) == 0:
+        raise ValueError(f"{fn}: task holds no example (frames {_shape(task.frames)})")
     order = torch.randperm(len(task.frames), generator=generator)
     optimizer = torch.optim.Adam(attention.parameters(), lr=lr)
     losses = []
@@ -564,6 +789,13 @@ class Seq2Seq(nn.Module):
     * ``attention="none"``: the baseline with the same encoder and decoder sizes, where
       the context is the fixed vector ``[h_S^fwd; h_1^bwd]`` at every step: the
       bottleneck.
+
+    Inputs: ``src`` ``(B, S)`` token ids in ``[0, src_vocab)``, ``src_mask`` ``(B, S)``
+    bool, True on real tokens and right-padded (padding only at the end of a row, as
+    :meth:`attnbook.data.Task.encode` makes it; every row has a real token), ``B >=
+    1``. A mask that is not right-padded raises ``ValueError``: the packed encoder and
+    local attention count positions from the start of each row. Both vocabularies
+    include ``PAD``, ``BOS`` and ``EOS`` (ids 0, 1, 2), so they have at least 3 entries.
     """
 
     ATTENTIONS = ("none", "bahdanau", "dot", "general", "concat", "local-m", "local-p")
@@ -582,12 +814,25 @@ class Seq2Seq(nn.Module):
         window: int = 2,
     ):
         super().__init__()
+        fn = "Seq2Seq"
         if attention not in self.ATTENTIONS:
             raise ValueError(
-                f"attention must be one of {self.ATTENTIONS}, got {attention!r}"
+                f"{fn}: attention must be one of {self.ATTENTIONS}, got {attention!r}"
             )
         if coverage and attention != "bahdanau":
-            raise ValueError("coverage is implemented for attention='bahdanau' only")
+            raise ValueError(
+                f"{fn}: coverage is implemented for attention='bahdanau' only"
+            )
+        _check_sizes(fn, emb_dim=emb_dim, hidden=hidden, window=window)
+        for name, size in (("src_vocab", src_vocab), ("tgt_vocab", tgt_vocab)):
+            _check_sizes(fn, **{name: size})
+            if size <= EOS:
+                raise ValueError(
+                    f"{fn}: {name} must be >= {EOS + 1} (PAD, BOS, EOS come first), "
+                    f"got {size}"
+                )
+        _check_rate(fn, "coverage_weight", coverage_weight, zero=True)
+        self.src_vocab, self.tgt_vocab = src_vocab, tgt_vocab
         self.attention, self.hidden, self.input_feeding = (
             attention,
             hidden,
@@ -640,10 +885,69 @@ class Seq2Seq(nn.Module):
         ``embedded`` replaces ``src_emb(src)`` (used to take gradients with respect to
         the inputs).
         """
+        self._check_source("Seq2Seq.encode", src, src_mask, embedded)
+        return self._encode(src, src_mask, embedded)
+
+    def _check_ids(self, fn: str, name: str, ids, vocab: int) -> None:
+        if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long:
+            raise TypeError(
+                f"{fn}: {name} must be an int64 tensor of token ids, got "
+                f"{getattr(ids, 'dtype', type(ids).__name__)}"
+            )
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            raise ValueError(
+                f"{fn}: {name} holds token ids outside the vocabulary [0, {vocab}): "
+                f"min {int(ids.min())}, max {int(ids.max())}"
+            )
+
+    def _check_source(
+        self, fn, src, src_mask, embedded=None, *, batch: bool = False
+    ) -> None:
+        """The rules of the class docstring for ``src`` and ``src_mask`` (named
+        ``batch['src']``... when they come in a batch dict)."""
+        name, mask_name = (
+            ("batch['src']", "batch['src_mask']") if batch else ("src", "src_mask")
+        )
+        self._check_ids(fn, name, src, self.src_vocab)
+        if src.dim() != 2 or src.shape[0] == 0 or src.shape[1] == 0:
+            raise ValueError(
+                f"{fn}: {name} must have shape (B, S) with B >= 1 and S >= 1, got "
+                f"{_shape(src)}"
+            )
+        if not isinstance(src_mask, torch.Tensor) or src_mask.dtype != torch.bool:
+            raise TypeError(
+                f"{fn}: {mask_name} must be a bool tensor (True = real token), got "
+                f"{getattr(src_mask, 'dtype', type(src_mask).__name__)}"
+            )
+        if src_mask.shape != src.shape:
+            raise ValueError(
+                f"{fn}: {mask_name} must have {name}'s shape (B, S) = "
+                f"{tuple(src.shape)}, got {_shape(src_mask)}"
+            )
+        _check_right_padded(fn, mask_name, src_mask, "True = real token")
+        if not src_mask[:, 0].all():
+            row = int((~src_mask[:, 0]).nonzero()[0])
+            raise ValueError(
+                f"{fn}: every source sequence needs at least one token; {mask_name} "
+                f"row {row} is all False"
+            )
+        if embedded is not None:
+            check_float(fn, "embedded", embedded)
+            want = (*src.shape, self.src_emb.embedding_dim)
+            if embedded.shape != want:
+                raise ValueError(
+                    f"{fn}: embedded must have shape (B, S, emb_dim) = {want}, got "
+                    f"{_shape(embedded)}"
+                )
+            if embedded.dtype != self.src_emb.weight.dtype:
+                raise TypeError(
+                    f"{fn}: embedded must have the model's dtype "
+                    f"{self.src_emb.weight.dtype}, got {embedded.dtype}"
+                )
+
+    def _encode(self, src, src_mask, embedded=None):
         x = self.src_emb(src) if embedded is None else embedded
         lengths = src_mask.sum(-1).cpu()
-        if (lengths == 0).any():
-            raise ValueError("every source sequence needs at least one token")
         packed = pack_padded_sequence(
             x, lengths, batch_first=True, enforce_sorted=False
         )
@@ -732,9 +1036,17 @@ class Seq2Seq(nn.Module):
         *,
         embedded: torch.Tensor | None = None,
     ) -> Decoded:
-        """Teacher forcing: ``tgt_in`` ``(B, T)`` starts with ``BOS``; step ``t`` is fed
-        the true ``y_{t-1}``."""
-        memory, summary = self.encode(src, src_mask, embedded=embedded)
+        """Teacher forcing: ``tgt_in`` ``(B, T)``, ``T >= 1``, starts with ``BOS``; step
+        ``t`` is fed the true ``y_{t-1}``."""
+        fn = "Seq2Seq.forward"
+        self._check_source(fn, src, src_mask, embedded)
+        self._check_ids(fn, "tgt_in", tgt_in, self.tgt_vocab)
+        if tgt_in.dim() != 2 or tgt_in.shape[0] != src.shape[0] or tgt_in.shape[1] == 0:
+            raise ValueError(
+                f"{fn}: tgt_in must have shape (B={src.shape[0]}, T) with T >= 1 (it "
+                f"starts with BOS), got {_shape(tgt_in)}"
+            )
+        memory, summary = self._encode(src, src_mask, embedded)
         state = self._initial_state(memory, summary)
         logits, weights, coverage = [], [], []
         for t in range(tgt_in.shape[1]):
@@ -756,9 +1068,15 @@ class Seq2Seq(nn.Module):
         S))``.
 
         ``tokens`` holds ``y_1 ... EOS`` and then ``PAD``; ``T' <= max_len`` (it stops
-        early when every sequence has produced ``EOS``).
+        early when every sequence has produced ``EOS``; ``max_len=0`` gives ``T' = 0``).
         """
-        memory, summary = self.encode(src, src_mask)
+        fn = "Seq2Seq.greedy_decode"
+        self._check_source(fn, src, src_mask)
+        _check_count(fn, "max_len", max_len)
+        memory, summary = self._encode(src, src_mask)
+        if max_len == 0:
+            B, S = src.shape
+            return src.new_zeros(B, 0), memory.new_zeros(B, 0, S)
         state = self._initial_state(memory, summary)
         y = torch.full((src.shape[0],), BOS, dtype=torch.long, device=src.device)
         done = torch.zeros_like(y, dtype=torch.bool)
@@ -782,63 +1100,131 @@ class Seq2Seq(nn.Module):
         beam_size: int = 4,
         max_len: int = 20,
     ) -> list[list[int]]:
-        """Beam search, one source at a time: the highest log-probability output of each
-        source.
+        """Beam search, one source at a time: a high log-probability output of each
+        source, token ids without ``EOS``.
 
-        Keeps the ``beam_size`` best partial outputs (sum of token log-probabilities);
-        an output that emits ``EOS`` is finished. Returns token ids without ``EOS``.
-        With ``beam_size=1`` it is exactly :meth:`greedy_decode`. (No length
-        normalization: the sums compare like with like here.)
+        A hypothesis scores the sum of its token log-probabilities (no length
+        normalization). Each step extends every live hypothesis by every token; an
+        ``EOS`` among the ``beam_size`` best extensions finishes its hypothesis, and the
+        ``beam_size`` best extensions by another token stay live. A sum of
+        log-probabilities only falls as tokens are added, so the search stops once the
+        best live hypothesis scores no more than the best finished one (none can still
+        overtake it), or after ``max_len`` tokens; it returns the best finished
+        hypothesis, or, when none finished, the best live one.
+
+        With ``beam_size=1`` it is exactly :meth:`greedy_decode`. With a beam as wide
+        as the number of extensions (``(V - 2) (V - 3)^(max_len - 1)`` for ``V``
+        target tokens) nothing is ever pruned and it returns the most likely output of
+        at most ``max_len`` tokens. In between it is a heuristic: a wider beam usually
+        finds a more likely output than greedy decoding, but it can prune the prefix of
+        greedy's output and end below it. (With length normalization a longer
+        hypothesis could still overtake a finished one, and the early stop would not be
+        sound.)
         """
-        if beam_size < 1:
-            raise ValueError(f"beam_size must be >= 1, got {beam_size}")
-        results = []
-        for b in range(src.shape[0]):
-            memory, summary = self.encode(src[b : b + 1], src_mask[b : b + 1])
-            state = self._initial_state(memory, summary)
-            # (tokens, log-probability) of the live hypotheses, in `state` order
-            beams = [([], 0.0)]
-            finished: list[tuple[list[int], float]] = []
-            for t in range(max_len):
-                n = len(beams)
-                y = torch.tensor(
-                    [toks[-1] if toks else BOS for toks, _ in beams], device=src.device
-                )
-                mem, mask = memory.expand(n, -1, -1), src_mask[b : b + 1].expand(n, -1)
-                logits, _, state = self.step(y, state, mem, mask, t)
-                total = torch.tensor([lp for _, lp in beams], device=src.device)[
-                    :, None
-                ] + _never_special(logits).log_softmax(-1)
-                top = total.flatten().topk(min(beam_size, total.numel()))
-                keep, live = [], []
-                for score, index in zip(top.values.tolist(), top.indices.tolist()):
-                    parent, token = divmod(index, total.shape[1])
-                    hyp = (beams[parent][0] + [token], score)
-                    if token == EOS:
-                        finished.append((hyp[0][:-1], score))
-                    else:
-                        keep.append(parent)
-                        live.append(hyp)
-                if len(finished) >= beam_size or not live:
-                    break
-                index = torch.tensor(keep, device=src.device)
-                state = {k: v[index] for k, v in state.items()}
-                beams = live
-            pool = finished or beams
-            results.append(max(pool, key=lambda h: h[1])[0])
-        return results
+        fn = "Seq2Seq.beam_search"
+        self._check_source(fn, src, src_mask)
+        _check_sizes(fn, beam_size=beam_size)
+        _check_count(fn, "max_len", max_len)
+        return [
+            self._beam_search_one(
+                src[b : b + 1], src_mask[b : b + 1], beam_size, max_len
+            )
+            for b in range(src.shape[0])
+        ]
+
+    def _beam_search_one(
+        self, src: torch.Tensor, src_mask: torch.Tensor, beam_size: int, max_len: int
+    ) -> list[int]:
+        memory, summary = self._encode(src, src_mask)
+        state = self._initial_state(memory, summary)
+        # (tokens, log-probability) of the live hypotheses, best first, in `state` order
+        beams: list[tuple[list[int], float]] = [([], 0.0)]
+        finished: list[tuple[list[int], float]] = []
+        for t in range(max_len):
+            n = len(beams)
+            y = torch.tensor(
+                [toks[-1] if toks else BOS for toks, _ in beams], device=src.device
+            )
+            mem, mask = memory.expand(n, -1, -1), src_mask.expand(n, -1)
+            logits, _, state = self.step(y, state, mem, mask, t)
+            scores = torch.tensor([lp for _, lp in beams], device=src.device)
+            total = scores[:, None] + _never_special(logits).log_softmax(-1)
+            V = total.shape[1]
+            # an EOS among the beam_size best extensions ends its hypothesis (so that
+            # beam 1 is greedy); PAD and BOS are -inf and never taken
+            for score, index in _finite_topk(total.flatten(), beam_size):
+                parent, token = divmod(index, V)
+                if token == EOS:
+                    finished.append((beams[parent][0], score))
+            # the beam_size best extensions by another token stay live
+            total[:, EOS] = float("-inf")
+            extend = _finite_topk(total.flatten(), beam_size)
+            if not extend:
+                break
+            parents = torch.tensor(
+                [index // V for _, index in extend], device=src.device
+            )
+            state = {k: v[parents] for k, v in state.items()}
+            beams = [
+                (beams[index // V][0] + [index % V], score) for score, index in extend
+            ]
+            # scores only fall as tokens are added: stop when no live one can still win
+            if finished and beams[0][1] <= max(score for _, score in finished):
+                break
+        pool = finished or beams
+        return max(pool, key=lambda h: h[1])[0]
+
+
+def _finite_topk(scores: torch.Tensor, k: int) -> list[tuple[float, int]]:
+    """The ``k`` largest finite entries of a 1-D tensor, best first, as ``(value,
+    index)``."""
+    top = scores.topk(min(k, scores.numel()))
+    return [
+        (value, index)
+        for value, index in zip(top.values.tolist(), top.indices.tolist())
+        if value != float("-inf")
+    ]
 
 
 # --------------------------------------------------------------------------------------
 # Training and evaluation
 # --------------------------------------------------------------------------------------
+def _check_batch(fn: str, model, batch) -> None:
+    """``model`` a :class:`Seq2Seq`; ``batch`` a mapping with ``src``, ``src_mask``
+    (checked as :class:`Seq2Seq` checks them) and ``tgt`` ``(B, T)``, ``T >= 2``, with
+    at least one real target token."""
+    if not isinstance(model, Seq2Seq):
+        raise TypeError(f"{fn}: model must be a Seq2Seq, got {type(model).__name__}")
+    missing = (
+        ["batch"]
+        if not isinstance(batch, Mapping)
+        else [key for key in ("src", "src_mask", "tgt") if key not in batch]
+    )
+    if missing:
+        raise TypeError(
+            f"{fn}: batch must be a mapping with keys 'src', 'src_mask', 'tgt' (as "
+            f"Task.encode makes it); missing {missing}"
+        )
+    src, tgt = batch["src"], batch["tgt"]
+    model._check_source(fn, src, batch["src_mask"], batch=True)
+    model._check_ids(fn, "batch['tgt']", tgt, model.tgt_vocab)
+    if tgt.dim() != 2 or tgt.shape[0] != src.shape[0] or tgt.shape[1] < 2:
+        raise ValueError(
+            f"{fn}: batch['tgt'] must have shape (B={src.shape[0]}, T) with T >= 2 "
+            f"(BOS y_1 ... EOS), got {_shape(tgt)}"
+        )
+    if not (tgt[:, 1:] != PAD).any():
+        raise ValueError(f"{fn}: batch['tgt'] has no target token: all PAD after BOS")
+
+
 def sequence_loss(model: Seq2Seq, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Token cross-entropy with teacher forcing, plus ``model.coverage_weight`` x the
     coverage loss.
 
     ``batch["tgt"]`` is ``BOS y_1 ... y_n EOS PAD...``: the input is ``tgt[:, :-1]``,
-    the target ``tgt[:, 1:]``; padding is ignored.
+    the target ``tgt[:, 1:]``; padding is ignored (at least one target must be real).
     """
+    _check_batch("sequence_loss", model, batch)
     tgt_in, tgt_out = batch["tgt"][:, :-1], batch["tgt"][:, 1:]
     out = model(batch["src"], batch["src_mask"], tgt_in)
     loss = nn.functional.cross_entropy(
@@ -870,6 +1256,16 @@ def train_seq2seq(
     bar), the batches shuffled with ``generator``; returns its History."""
     from .train import fit
 
+    fn = "train_seq2seq"
+    if not isinstance(model, Seq2Seq):
+        raise TypeError(f"{fn}: model must be a Seq2Seq, got {type(model).__name__}")
+    _check_sizes(fn, epochs=epochs, batch_size=batch_size)
+    _check_rate(fn, "lr", lr)
+    if grad_clip is not None:
+        _check_rate(fn, "grad_clip", grad_clip)
+    if not task.train:
+        raise ValueError(f"{fn}: task.train is empty")
+
     with single_thread():
         return fit(
             model,
@@ -888,7 +1284,13 @@ def exact_match(
 ) -> float:
     """Fraction of ``pairs`` (default: ``task.test``) whose greedy output equals the
     target exactly."""
+    fn = "exact_match"
     pairs = task.test if pairs is None else pairs
+    if not isinstance(model, Seq2Seq):
+        raise TypeError(f"{fn}: model must be a Seq2Seq, got {type(model).__name__}")
+    _check_sizes(fn, batch_size=batch_size)
+    if len(pairs) == 0:
+        raise ValueError(f"{fn}: pairs is empty; the fraction of no pair is undefined")
     model.eval()
     correct = 0
     with single_thread():
@@ -913,9 +1315,17 @@ def input_gradient_norms(
 
     :math:`\ell_t` is the cross-entropy of output step ``t`` (teacher forcing) and
     :math:`x_s` the embedding of source token ``s``. Examples do not interact, so one
-    backward pass per output step gives every example's gradient at once. Use
-    equal-length sources (no padding).
+    backward pass per output step gives every example's gradient at once. The sources
+    must have equal lengths (a padded position would add a zero gradient to the mean:
+    ``ValueError``).
     """
+    fn = "input_gradient_norms"
+    _check_batch(fn, model, batch)
+    if not batch["src_mask"].all():
+        raise ValueError(
+            f"{fn}: batch['src_mask'] must be all True (equal-length sources, no "
+            f"padding), got {int((~batch['src_mask']).sum())} padded positions"
+        )
     model.eval()
     tgt_in, tgt_out = batch["tgt"][:, :-1], batch["tgt"][:, 1:]
     x = model.src_emb(batch["src"]).detach().requires_grad_(True)
@@ -938,6 +1348,12 @@ def gradient_vs_distance(norms: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     bidirectional encoder, the number of recurrent steps between ``x_s`` and the
     encoder's final states. Without attention those final states are all the decoder
     sees. Returns ``(distances, mean norms)``."""
+    check_float("gradient_vs_distance", "norms", norms)
+    if norms.dim() != 2 or 0 in norms.shape:
+        raise ValueError(
+            "gradient_vs_distance: norms must have shape (T, S) with T, S >= 1, got "
+            f"{_shape(norms)}"
+        )
     S = norms.shape[1]
     per_position = norms.mean(0)
     dist = torch.minimum(torch.arange(S), S - 1 - torch.arange(S))

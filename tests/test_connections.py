@@ -439,3 +439,46 @@ def test_coattention_is_two_cross_attentions(gen):
     torch.testing.assert_close(w_ab.transpose(-2, -1).shape, w_ba.shape)
     with pytest.raises(ValueError, match="share d"):
         C.coattention(a, torch.randn(2, 7, 3))
+
+
+# --- the hierarchical attention network over padded documents ---
+def _han_batch(docs):
+    """docs: lists of sentences (1-D id tensors) -> (B, S, W) right-padded with 0."""
+    S = max(len(d) for d in docs)
+    W = max(len(s) for d in docs for s in d)
+    out = torch.zeros(len(docs), S, W, dtype=torch.long)
+    for b, d in enumerate(docs):
+        for i, s in enumerate(d):
+            out[b, i, : len(s)] = s
+    return out
+
+
+def test_han_document_alone_equals_the_same_document_padded_in_a_batch():
+    """Both GRUs are bidirectional: run over padding, the backward direction starts on PAD
+    embeddings and every real word's annotation changes. Packed, a document's logits and
+    weights do not depend on the other documents of its batch (float64, 1e-10)."""
+    torch.manual_seed(0)
+    han = C.HierarchicalAttentionNetwork(vocab_size=20, embed_dim=8, hidden=6, n_classes=3).double().eval()
+    g = torch.Generator().manual_seed(0)
+    lengths = [[3, 5, 2], [4], [6, 1, 3, 2], [2, 2]]  # padded words and padded sentences
+    docs = [[torch.randint(1, 20, (n,), generator=g) for n in d] for d in lengths]
+    with torch.no_grad():
+        logits, words, sentences = han(_han_batch(docs))
+        for b, doc in enumerate(docs):
+            alone, w, s = han(_han_batch([doc]))
+            torch.testing.assert_close(alone[0], logits[b], rtol=0, atol=1e-10)
+            torch.testing.assert_close(s[0], sentences[b, : len(doc)], rtol=0, atol=1e-10)
+            torch.testing.assert_close(w[0], words[b, : len(doc), : w.shape[2]], rtol=0, atol=1e-10)
+        assert (sentences[1, 1:] == 0).all() and (words[0, 0, 3:] == 0).all()
+
+
+def test_han_rejects_padding_before_real_words_or_sentences():
+    han = C.HierarchicalAttentionNetwork(vocab_size=20, embed_dim=8, hidden=6, n_classes=3)
+    docs = torch.randint(1, 20, (2, 3, 4))
+    docs[0, 1, 1] = 0  # a PAD inside a sentence
+    with pytest.raises(ValueError, match=r"HierarchicalAttentionNetwork: docs must be padded at the end: a word at index \(0, 1, 2\)"):
+        han(docs)
+    docs = torch.randint(1, 20, (2, 3, 4))
+    docs[1, 0] = 0  # an empty sentence before a real one
+    with pytest.raises(ValueError, match=r"a sentence at index \(1, 1\) follows padding"):
+        han(docs)
