@@ -26,12 +26,21 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import numbers
 import os
+import sys
 
 import torch
 
-from .contract import check_attention_options, check_qkv, expand_kv_heads
-from .utils import check_positive
+from .contract import check_flag as _check_flag
+from .contract import check_int as _check_int
+from .contract import (
+    check_attention_options,
+    check_float,
+    check_qkv,
+    default_scale,
+    expand_kv_heads,
+)
 
 __all__ = [
     "online_softmax_step",
@@ -46,6 +55,75 @@ __all__ = [
     "select_backend",
     "hbm_accesses",
 ]
+
+
+# --------------------------------------------------------------------------------------
+# Checks of the arguments
+# --------------------------------------------------------------------------------------
+def _check_scale(fn: str, scale) -> float | None:
+    """``scale``: None (``1 / sqrt(E)``) or a finite real number."""
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(
+            f"{fn}: scale must be a real number or None, got {scale!r} "
+            f"({type(scale).__name__})"
+        )
+    if not math.isfinite(scale):
+        raise ValueError(f"{fn}: scale must be finite, got {scale!r}")
+    return float(scale)
+
+
+def _check_head_dim(fn: str, q: torch.Tensor, scale: float | None) -> None:
+    """The default scale ``1 / sqrt(E)`` needs ``E >= 1``."""
+    if q.shape[-1] == 0 and scale is None:
+        raise ValueError(
+            f"{fn}: q has head_dim 0, so the default scale 1/sqrt(head_dim) is "
+            f"undefined: q {tuple(q.shape)}"
+        )
+
+
+def _accumulation_dtype(*tensors: torch.Tensor | None) -> torch.dtype:
+    """float64 when any tensor is float64, else float32: the running statistics of the
+    online softmax are never kept in float16 or bfloat16."""
+    if any(t is not None and t.dtype == torch.float64 for t in tensors):
+        return torch.float64
+    return torch.float32
+
+
+def _check_step(fn, m, l, scores, acc, values) -> None:
+    """Shapes and dtypes of :func:`online_softmax_step`'s arguments."""
+    for name, t in (("m", m), ("l", l), ("scores", scores)):
+        check_float(fn, name, t)
+    if scores.dim() < 1 or m.shape != scores.shape[:-1] or l.shape != m.shape:
+        raise ValueError(
+            f"{fn}: m and l must have the shape of scores without its last dimension "
+            f"(..., rows), got m {tuple(m.shape)}, l {tuple(l.shape)}, scores "
+            f"{tuple(scores.shape)}"
+        )
+    if (acc is None) != (values is None):
+        raise ValueError(
+            f"{fn}: acc and values come together (both or neither), got acc "
+            f"{'None' if acc is None else tuple(acc.shape)} and values "
+            f"{'None' if values is None else tuple(values.shape)}"
+        )
+    if values is None:
+        return
+    check_float(fn, "acc", acc)
+    check_float(fn, "values", values)
+    expected = None
+    if scores.dim() >= 2 and values.dim() >= 2 and values.shape[-2] == scores.shape[-1]:
+        try:
+            batch = torch.broadcast_shapes(scores.shape[:-2], values.shape[:-2])
+            expected = (*batch, scores.shape[-2], values.shape[-1])
+        except RuntimeError:
+            expected = None
+    if expected is None or tuple(acc.shape) != expected:
+        raise ValueError(
+            f"{fn}: values must be (..., cols, Ev) with the cols of scores (..., rows, "
+            f"cols), and acc (..., rows, Ev); got scores {tuple(scores.shape)}, values "
+            f"{tuple(values.shape)}, acc {tuple(acc.shape)}"
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -68,16 +146,25 @@ def online_softmax_step(
     The factor ``exp(m - m')`` rescales what was summed under the old maximum. Where the
     maximum is still ``-inf`` (only masked entries so far) 0 stands in for it, so no
     ``-inf - (-inf)`` becomes NaN. Returns ``(m', l', acc')`` (``acc'`` is None without
-    values). The one update of the online softmax, FlashAttention's forward pass and
-    (with :func:`merge_partials` between devices) ring attention.
+    values) in float32, or float64 when an argument is float64: the update is computed
+    in that precision and float16/bfloat16 arguments are promoted, so running
+    statistics never accumulate half-precision rounding. An empty block (``cols = 0``)
+    changes nothing. The one update of the online softmax, FlashAttention's forward pass
+    and (with :func:`merge_partials` between devices) ring attention.
     """
+    _check_step("online_softmax_step", m, l, scores, acc, values)
+    dtype = _accumulation_dtype(m, l, scores, acc, values)
+    m, l, scores = m.to(dtype), l.to(dtype), scores.to(dtype)
+    acc = None if acc is None else acc.to(dtype)
+    if scores.shape[-1] == 0:
+        return m, l, acc
     m_new = torch.maximum(m, scores.amax(dim=-1))
     shift = torch.where(torch.isfinite(m_new), m_new, 0.0)
     p = torch.exp(scores - shift[..., None])
     alpha = torch.exp(m - shift)
     l = l * alpha + p.sum(dim=-1)
     if values is not None:
-        acc = acc * alpha[..., None] + p @ values
+        acc = acc * alpha[..., None] + p @ values.to(dtype)
     return m_new, l, acc
 
 
@@ -92,16 +179,23 @@ def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
 
     (rescaling the old sum to the new maximum), and a second pass writes ``exp(x_j - m)
     / l``. Equal to ``torch.softmax(x, -1)``; rows that are all ``-inf`` give zeros.
-    Shapes: ``x (..., n)`` -> ``(..., n)``.
+    ``m`` and ``l`` are kept in float32 (float64 for float64 ``x``), as the tiled
+    forward pass keeps them, and the result is rounded to ``x``'s dtype once, at the
+    end. Shapes: ``x (..., n)`` -> ``(..., n)``.
     """
-    check_positive(block_size=block_size)
-    m = torch.full(x.shape[:-1], -math.inf, dtype=x.dtype, device=x.device)
+    check_float("online_softmax", "x", x)
+    if x.dim() < 1:
+        raise ValueError("online_softmax: x must have at least 1 dimension, got 0-d")
+    _check_int("online_softmax", "block_size", block_size)
+    acc = _accumulation_dtype(x)
+    m = torch.full(x.shape[:-1], -math.inf, dtype=acc, device=x.device)
     l = torch.zeros_like(m)
     for start in range(0, x.shape[-1], block_size):
         block = x[..., start : start + block_size]
         m, l, _ = online_softmax_step(m, l, block)
     shift = torch.where(torch.isfinite(m), m, 0.0)
-    return torch.exp(x - shift[..., None]) / torch.where(l > 0, l, 1.0)[..., None]
+    p = torch.exp(x.to(acc) - shift[..., None])
+    return (p / torch.where(l > 0, l, 1.0)[..., None]).to(x.dtype)
 
 
 def merge_partials(
@@ -119,11 +213,32 @@ def merge_partials(
     takes to merge chunks of a KV cache. A side with ``lse = -inf`` (no visible key)
     contributes nothing.
     """
+    _check_partials("merge_partials", out_a, lse_a, out_b, lse_b)
     lse = torch.logaddexp(lse_a, lse_b)
     safe = torch.where(torch.isfinite(lse), lse, 0.0)
     w_a = torch.exp(lse_a - safe)[..., None]
     w_b = torch.exp(lse_b - safe)[..., None]
     return w_a * out_a + w_b * out_b, lse
+
+
+def _check_partials(fn, out_a, lse_a, out_b, lse_b) -> None:
+    """Each ``lse_x`` is ``out_x``'s shape without the last dimension; the two outputs
+    have one shape."""
+    for name, t in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b)):
+        check_float(fn, name, t)
+    check_float(fn, "lse_b", lse_b)
+    if (
+        out_a.dim() < 1
+        or out_a.shape != out_b.shape
+        or lse_a.shape != out_a.shape[:-1]
+        or lse_b.shape != out_b.shape[:-1]
+    ):
+        raise ValueError(
+            f"{fn}: out_a and out_b must have one shape (..., L, Ev) and lse_a, lse_b "
+            f"the shape (..., L); got out_a {tuple(out_a.shape)}, lse_a "
+            f"{tuple(lse_a.shape)}, out_b {tuple(out_b.shape)}, lse_b "
+            f"{tuple(lse_b.shape)}"
+        )
 
 
 # --------------------------------------------------------------------------------------
@@ -140,7 +255,8 @@ def _as_4d(q, k, v):
     ):  # one query head broadcast over the K/V heads
         q = q.expand(*q.shape[:-3], k.shape[-3], *q.shape[-2:])
     q, k, v = (
-        t.expand(*batch, *t.shape[-3:]).reshape(-1, *t.shape[-3:]) for t in (q, k, v)
+        t.expand(*batch, *t.shape[-3:]).reshape(math.prod(batch), *t.shape[-3:])
+        for t in (q, k, v)
     )
     return q, k, v, batch
 
@@ -169,12 +285,35 @@ def key_range(
     caps ``right`` at 0 (bottom-right aligned, like the causal mask). ``hi <= lo``
     means no key at all.
     """
+    fn = "key_range"
+    is_causal = _check_flag(fn, "is_causal", is_causal)
+    L, S = _check_int(fn, "L", L, 0), _check_int(fn, "S", S, 0)
+    i0, i1 = _check_int(fn, "i0", i0, 0), _check_int(fn, "i1", i1, 0)
+    if not i0 <= i1 <= L:
+        raise ValueError(f"{fn}: need 0 <= i0 <= i1 <= L, got i0={i0}, i1={i1}, L={L}")
+    _check_window(fn, window_size)
     left, right = window_size
     if is_causal:
         right = 0 if right < 0 else min(right, 0)
     lo = 0 if left < 0 else max(0, i0 + S - L - left)
     hi = S if right < 0 else min(S, i1 - 1 + S - L + right + 1)
     return lo, hi
+
+
+def _check_window(fn: str, window_size) -> None:
+    """FlashAttention-2's ``window_size``: two ints, each -1 (unbounded) or >= 0."""
+    if (
+        not isinstance(window_size, (tuple, list))
+        or len(window_size) != 2
+        or not all(
+            isinstance(w, numbers.Integral) and not isinstance(w, bool) and w >= -1
+            for w in window_size
+        )
+    ):
+        raise ValueError(
+            f"{fn}: window_size must be two integers (left, right), each -1 "
+            f"(unbounded) or >= 0, got {window_size!r}"
+        )
 
 
 def _tile_scores(
@@ -251,16 +390,21 @@ def tiled_attention_forward(
     heads under grouped-query attention (``B H S E``), which the Triton kernel avoids by
     indexing the shared head.
     """
-    check_qkv("tiled_attention_forward", q, k, v)
+    fn = "tiled_attention_forward"
+    check_qkv(fn, q, k, v)
     rank = max(q.dim(), k.dim())
     q, k, v, batch = _as_4d(q, k, v)
-    check_positive(block_q=block_q, block_k=block_k)
+    _check_int(fn, "block_q", block_q)
+    _check_int(fn, "block_k", block_k)
+    is_causal = _check_flag(fn, "is_causal", is_causal)
+    scale = _check_scale(fn, scale)
+    _check_head_dim(fn, q, scale)
     window, slopes, softcap = check_attention_options(
-        "tiled_attention_forward", q, window_size, alibi_slopes, softcap
+        fn, q, window_size, alibi_slopes, softcap
     )
     B, H, L, E = q.shape
     S = k.shape[2]
-    scale = 1.0 / math.sqrt(E) if scale is None else scale
+    scale = default_scale(scale, E)
     k, v = expand_kv_heads(k, H), expand_kv_heads(v, H)
     acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     out = torch.empty(B, H, L, v.shape[-1], dtype=q.dtype, device=q.device)
@@ -321,21 +465,42 @@ def tiled_attention_backward(
     softcap)`` before it reaches ``dQ`` and ``dK``; ALiBi's bias and the window need
     nothing more (the same tiles are skipped). For MQA/GQA the key/value gradients of
     the query heads that share a key head are summed. Shapes ``(B, H, L, E)`` as
-    :func:`flash_attention` saves them; ``grad_out`` is like ``out``.
+    :func:`flash_attention` saves them; ``grad_out`` is like ``out``. Computed in
+    float32 (float64 for float64 ``q``), whatever ``lse``'s dtype.
     """
-    check_qkv("tiled_attention_backward", q, k, v)
-    if q.dim() != 4 or k.dim() != 4:
+    fn = "tiled_attention_backward"
+    check_qkv(fn, q, k, v)
+    if q.dim() != 4 or k.dim() != 4 or q.shape[0] != k.shape[0]:
         raise ValueError(
-            "tiled_attention_backward takes (B, H, L, E) tensors, got q "
+            f"{fn}: takes (B, H, L, E) tensors with one batch size, got q "
             f"{tuple(q.shape)} and k {tuple(k.shape)}"
         )
+    for name, t in (("out", out), ("lse", lse), ("grad_out", grad_out)):
+        check_float(fn, name, t)
+    out_shape = (*q.shape[:3], v.shape[-1])
+    if (
+        tuple(out.shape) != out_shape
+        or tuple(grad_out.shape) != out_shape
+        or tuple(lse.shape) != tuple(q.shape[:3])
+    ):
+        raise ValueError(
+            f"{fn}: out and grad_out must be (B, H, L, Ev) = {out_shape} and lse (B, "
+            f"H, L) = {tuple(q.shape[:3])}; got out {tuple(out.shape)}, grad_out "
+            f"{tuple(grad_out.shape)}, lse {tuple(lse.shape)}"
+        )
+    _check_int(fn, "block_q", block_q)
+    _check_int(fn, "block_k", block_k)
+    is_causal = _check_flag(fn, "is_causal", is_causal)
+    scale = _check_scale(fn, scale)
+    _check_head_dim(fn, q, scale)
     window, slopes, softcap = check_attention_options(
-        "tiled_attention_backward", q, window_size, alibi_slopes, softcap
+        fn, q, window_size, alibi_slopes, softcap
     )
     B, H, L, E = q.shape
     Hkv, S = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(E) if scale is None else scale
-    acc_dtype = lse.dtype
+    scale = default_scale(scale, E)
+    acc_dtype = _accumulation_dtype(q)
+    lse = lse.to(acc_dtype)
     ke, ve = expand_kv_heads(k, H).to(acc_dtype), expand_kv_heads(v, H).to(acc_dtype)
     qa, do = q.to(acc_dtype), grad_out.to(acc_dtype)
     delta = (do * out.to(acc_dtype)).sum(dim=-1)
@@ -392,33 +557,94 @@ def select_backend(
     rule of :func:`attnbook.kernels.plan` for ``kernel``, ``"flash"`` or
     ``"block_sparse"`` with its ``block_size``), else ``"torch"``.
     ``"triton"`` requires Triton and either a CUDA tensor or Triton's CPU interpreter
-    (environment variable ``TRITON_INTERPRET=1``, slow, for tests); otherwise it raises
-    ``RuntimeError`` saying what is missing.
+    (environment variable ``TRITON_INTERPRET=1``, slow, for tests, set before
+    :mod:`attnbook.kernels.flash_triton` is first imported, since Triton reads it when
+    the kernels are defined); otherwise it raises ``RuntimeError`` saying what is
+    missing.
     """
-    if backend not in ("auto", "torch", "triton"):
-        raise ValueError(
-            f"backend must be 'auto', 'torch' or 'triton', got {backend!r}"
+    return _select_backend("select_backend", q, backend, v, kernel, block_size)
+
+
+def _interpreter_missing(q: torch.Tensor) -> str | None:
+    """Why the Triton kernels cannot run on ``q`` (None when they can)."""
+    if not _triton_importable():
+        return (
+            "the triton package, which is not installed (pip install triton, or "
+            "attnbook[gpu])"
         )
+    if q.is_cuda:
+        return None
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return (
+            f"a CUDA tensor or Triton's CPU interpreter; q is on {q.device} and "
+            "TRITON_INTERPRET is not '1'. For the interpreter (slow, for tests) set "
+            "os.environ['TRITON_INTERPRET'] = '1' before "
+            "attnbook.kernels.flash_triton is first imported (restart the Python "
+            "kernel if it was)"
+        )
+    module = sys.modules.get("attnbook.kernels.flash_triton")
+    kernel = getattr(module, "_fwd_kernel", None)
+    if kernel is not None and type(kernel).__name__ != "InterpretedFunction":
+        return (
+            f"Triton's CPU interpreter for q on {q.device}: TRITON_INTERPRET=1 was "
+            "set after attnbook.kernels.flash_triton had been imported, so its kernels "
+            "were compiled for a GPU (Triton reads the variable when it defines them). "
+            "Set it before the first import (restart the Python kernel)"
+        )
+    return None
+
+
+def _select_backend(
+    fn: str,
+    q: torch.Tensor,
+    backend: str,
+    v: torch.Tensor | None = None,
+    kernel: str = "flash",
+    block_size: int | None = None,
+) -> str:
+    """:func:`select_backend`, its errors naming the function ``fn`` that asked."""
+    if not isinstance(backend, str) or backend not in ("auto", "torch", "triton"):
+        raise ValueError(
+            f"{fn}: backend must be 'auto', 'torch' or 'triton', got {backend!r}"
+        )
+    if kernel not in ("flash", "block_sparse"):
+        raise ValueError(
+            f"{fn}: kernel must be 'flash' or 'block_sparse', got {kernel!r}"
+        )
+    check_float(fn, "q", q)
     if backend == "torch":
         return "torch"
-    usable = _triton_importable() and (
-        q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1"
-    )
     if backend == "auto":
         from .kernels import plan_for
 
         return plan_for(kernel, q, v, block_size)[0]
-    if not usable:
-        missing = (
-            "the triton package"
-            if not _triton_importable()
-            else "a CUDA tensor (or TRITON_INTERPRET=1)"
-        )
+    missing = _interpreter_missing(q)
+    if missing is not None:
         raise RuntimeError(
-            f"backend='triton' needs {missing}; q is on {q.device}. Use "
-            "backend='auto' or 'torch' for the PyTorch path."
+            f"{fn}: backend='triton' needs {missing}. Or use backend='torch' (the "
+            "PyTorch tiles) or backend='auto'."
         )
     return "triton"
+
+
+def _differentiable_backward(forward, inputs, grad_out, needs_grad):
+    """The gradients of ``forward(*inputs)`` against ``grad_out`` as tensors that are
+    themselves differentiable: a backward pass run with ``create_graph=True`` (second
+    derivatives, a gradient penalty) comes here.
+
+    The hand-written backward passes treat the saved ``lse`` as a constant and the
+    Triton ones are opaque to autograd, so their results cannot be differentiated
+    again. Here ``forward`` (the PyTorch tiles, built of differentiable operations)
+    runs once more under autograd and ``torch.autograd.grad`` differentiates it with
+    ``create_graph=True``: exact second derivatives, at the price of autograd storing
+    every tile of that recomputation (``O(L S)`` memory, only in this case)."""
+    with torch.enable_grad():
+        out = forward(*inputs)
+    wanted = [t for t, need in zip(inputs, needs_grad) if need]
+    grads = iter(
+        torch.autograd.grad(out, wanted, grad_out, create_graph=True, allow_unused=True)
+    )
+    return tuple(next(grads) if need else None for need in needs_grad)
 
 
 class _FlashAttention(torch.autograd.Function):
@@ -446,6 +672,17 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, out, lse = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiable gradients
+
+            def forward(q, k, v):
+                return tiled_attention_forward(
+                    q, k, v, is_causal=ctx.is_causal, scale=ctx.scale, **ctx.fused
+                )[0]
+
+            grads = _differentiable_backward(
+                forward, (q, k, v), grad_out, ctx.needs_input_grad[:3]
+            )
+            return *grads, None, None, None, None, None, None
         if ctx.backend == "triton":
             from .kernels.flash_triton import flash_backward
 
@@ -486,14 +723,23 @@ def flash_attention(
     :func:`select_backend`). Shapes follow :mod:`attnbook.contract`: ``q (..., H, L,
     E)``, ``k (..., Hkv, S, E)``, ``v (..., Hkv, S, Ev)`` -> ``(..., H, L, Ev)``. With
     ``return_backend=True`` it returns ``(out, backend)``, the backend that ran.
+
+    Gradients of any order: a backward pass with ``create_graph=True`` (second
+    derivatives, ``torch.autograd.gradgradcheck``) differentiates a recomputation of
+    the forward pass in PyTorch tiles (on either backend) instead of the hand-written
+    backward pass, so that pass needs ``O(L S)`` memory: autograd stores every tile.
     """
-    check_qkv("flash_attention", q, k, v)
+    fn = "flash_attention"
+    check_qkv(fn, q, k, v)
+    is_causal = _check_flag(fn, "is_causal", is_causal)
+    scale = _check_scale(fn, scale)
+    _check_head_dim(fn, q, scale)
     rank = max(q.dim(), k.dim())
     q4, k4, v4, batch = _as_4d(q, k, v)
     window, slopes, softcap = check_attention_options(
-        "flash_attention", q4, window_size, alibi_slopes, softcap
+        fn, q4, window_size, alibi_slopes, softcap
     )
-    chosen = select_backend(q4, backend, v=v4)
+    chosen = _select_backend(fn, q4, backend, v4)
     out = _FlashAttention.apply(
         q4, k4, v4, bool(is_causal), scale, chosen, window, slopes, softcap
     )
@@ -527,6 +773,15 @@ def _check_cu_seqlens(
     return offsets
 
 
+def _zeros_on_graph(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Zeros ``(*x.shape[:-1], width)`` that autograd sees as a function of ``x`` with
+    zero gradient (a ``where`` that never picks ``x``: NaN-safe), so that a backward
+    pass through an output made only of them gives zeros instead of failing."""
+    never = torch.zeros((), dtype=torch.bool, device=x.device)
+    rows = torch.where(never, x.sum(-1, keepdim=True), 0.0)
+    return rows.expand(*x.shape[:-1], width)
+
+
 def flash_attention_varlen(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -553,14 +808,31 @@ def flash_attention_varlen(
     ``max_seqlen_q`` and ``max_seqlen_k`` bound the lengths (the Triton grid is sized by
     them). Each sequence is attended as :func:`flash_attention` would attend it alone:
     causal masks and windows aligned bottom-right per sequence, ALiBi slopes ``(H,)`` or
-    ``(B, H)``, ``softcap``. Returns ``(total_q, H, Ev)``, differentiable.
+    ``(B, H)``, ``softcap``. Returns ``(total_q, H, Ev)``, differentiable (to any order,
+    as :func:`flash_attention`).
     """
+    fn = "flash_attention_varlen"
     if not all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in (q, k, v)):
         raise ValueError(
-            "flash_attention_varlen: q, k, v must be packed (total, heads, head_dim), "
+            f"{fn}: q, k, v must be packed (total, heads, head_dim), "
             f"got {[tuple(getattr(t, 'shape', ())) for t in (q, k, v)]}"
         )
-    check_qkv("flash_attention_varlen", *(t.transpose(0, 1) for t in (q, k, v)))
+    check_qkv(fn, *(t.transpose(0, 1) for t in (q, k, v)))
+    if q.shape[1] % k.shape[1]:
+        raise ValueError(
+            f"{fn}: q's {q.shape[1]} heads are not a multiple of k's {k.shape[1]}: q "
+            f"{tuple(q.shape)}, k {tuple(k.shape)}"
+        )
+    max_seqlen_q = _check_int(fn, "max_seqlen_q", max_seqlen_q, 0)
+    max_seqlen_k = _check_int(fn, "max_seqlen_k", max_seqlen_k, 0)
+    is_causal = _check_flag(fn, "is_causal", is_causal)
+    scale = _check_scale(fn, scale)
+    _check_head_dim(fn, q, scale)
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if isinstance(cu, torch.Tensor) and cu.device != q.device:
+            raise ValueError(
+                f"{fn}: {name} must be on q's device {q.device}, got {cu.device}"
+            )
     starts_q = _check_cu_seqlens(
         "flash_attention_varlen", "cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q
     )
@@ -580,7 +852,7 @@ def flash_attention_varlen(
         alibi_slopes,
         softcap,
     )
-    chosen = select_backend(q.unsqueeze(0), backend, v=v)
+    chosen = _select_backend(fn, q.unsqueeze(0), backend, v)
     if chosen == "triton":
         out = _VarlenFlash.apply(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -591,7 +863,7 @@ def flash_attention_varlen(
     for b in range(n_seq):  # the reference: each sequence on its own
         L_b, S_b = starts_q[b + 1] - starts_q[b], starts_k[b + 1] - starts_k[b]
         if L_b == 0 or S_b == 0:  # no query, or nothing to see: zeros
-            outs.append(q.new_zeros(L_b, q.shape[1], v.shape[-1]))
+            outs.append(_zeros_on_graph(q[starts_q[b] : starts_q[b + 1]], v.shape[-1]))
             continue
         qb, kb, vb = (
             t[lo:hi].transpose(0, 1).unsqueeze(0)
@@ -634,6 +906,18 @@ class _VarlenFlash(torch.autograd.Function):
         from .kernels.flash_triton import varlen_backward
 
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiable gradients
+
+            def forward(q, k, v):
+                return flash_attention_varlen(
+                    q, k, v, cu_q, cu_k, *ctx.sizes, is_causal=ctx.is_causal,
+                    scale=ctx.scale, backend="torch", **ctx.options,
+                )  # fmt: skip
+
+            grads = _differentiable_backward(
+                forward, (q, k, v), grad_out, ctx.needs_input_grad[:3]
+            )
+            return *grads, *([None] * 9)
         dq, dk, dv = varlen_backward(
             q, k, v, out, lse, grad_out, cu_q, cu_k, *ctx.sizes,
             is_causal=ctx.is_causal, scale=ctx.scale, **ctx.options,
@@ -660,8 +944,21 @@ class _BlockSparseFlash(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         from .kernels.flash_triton import block_sparse_backward
+        from .sparse import block_sparse_attention
 
         q, k, v, out, lse, block_mask = ctx.saved_tensors
+        if torch.is_grad_enabled():  # create_graph=True: differentiable gradients
+
+            def forward(q, k, v):
+                return block_sparse_attention(
+                    q, k, v, block_mask, ctx.block_size, is_causal=ctx.is_causal,
+                    scale=ctx.scale,
+                )  # fmt: skip
+
+            grads = _differentiable_backward(
+                forward, (q, k, v), grad_out, ctx.needs_input_grad[:3]
+            )
+            return *grads, None, None, None, None
         dq, dk, dv = block_sparse_backward(
             q, k, v, out, lse, grad_out, block_mask, ctx.block_size,
             is_causal=ctx.is_causal, scale=ctx.scale,
@@ -690,17 +987,40 @@ def block_sparse_flash_attention(
     active key blocks of each query block, and its backward
     :func:`~attnbook.kernels.flash_triton.block_sparse_backward`, which visits the
     same tiles. ``block_mask (ceil(L / b), ceil(S / b))`` bool, ``b = block_size``.
-    With ``return_backend=True`` it returns ``(out, backend)``.
+    With ``return_backend=True`` it returns ``(out, backend)``. Differentiable to any
+    order (a backward pass with ``create_graph=True`` differentiates the PyTorch path).
     """
     from .sparse import block_sparse_attention
 
-    check_qkv("block_sparse_flash_attention", q, k, v)
+    fn = "block_sparse_flash_attention"
+    check_qkv(fn, q, k, v)
+    block_size = _check_int(fn, "block_size", block_size)
+    is_causal = _check_flag(fn, "is_causal", is_causal)
+    scale = _check_scale(fn, scale)
+    _check_head_dim(fn, q, scale)
+    L, S = q.shape[-2], k.shape[-2]
+    shape = (-(-L // block_size), -(-S // block_size))
+    if (
+        not isinstance(block_mask, torch.Tensor)
+        or block_mask.dtype != torch.bool
+        or tuple(block_mask.shape) != shape
+    ):
+        got = (
+            f"{block_mask.dtype} {tuple(block_mask.shape)}"
+            if isinstance(block_mask, torch.Tensor)
+            else type(block_mask).__name__
+        )
+        raise ValueError(
+            f"{fn}: block_mask must be a bool tensor of shape (ceil(L / block_size), "
+            f"ceil(S / block_size)) = {shape} for L={L}, S={S}, "
+            f"block_size={block_size}, got {got}"
+        )
     rank = max(q.dim(), k.dim())
     q4, k4, v4, batch = _as_4d(q, k, v)
-    chosen = select_backend(
-        q4, backend, v=v4, kernel="block_sparse", block_size=block_size
-    )
-    if chosen == "triton":
+    chosen = _select_backend(fn, q4, backend, v4, "block_sparse", block_size)
+    if L == 0 or S == 0:  # no tile at all: empty, or zeros (no key to see)
+        out = flash_attention(q4, k4, v4, scale=scale, backend="torch")
+    elif chosen == "triton":
         out = _BlockSparseFlash.apply(
             q4, k4, v4, block_mask, block_size, bool(is_causal), scale
         )
@@ -731,13 +1051,10 @@ def hbm_accesses(
       through (``2 N d`` each time): ``2 N d + 2 N d ceil(N / B) = Theta(N^2 d^2 / M)``
       once ``B < N``.
     """
-    check_positive(
-        seq_len=seq_len,
-        head_dim=head_dim,
-        sram_bytes=sram_bytes,
-        bytes_per_element=bytes_per_element,
-    )
-    n, d = seq_len, head_dim
+    fn = "hbm_accesses"
+    n, d = _check_int(fn, "seq_len", seq_len), _check_int(fn, "head_dim", head_dim)
+    _check_int(fn, "sram_bytes", sram_bytes)
+    _check_int(fn, "bytes_per_element", bytes_per_element)
     m = sram_bytes // bytes_per_element
     block = min(n, max(1, m // (4 * d)))
     return {

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import subprocess
 import sys
 
@@ -15,6 +16,7 @@ from attnbook.core import scaled_dot_product_attention
 from attnbook.positional import alibi_bias, alibi_slopes
 from attnbook.sparse import sliding_window_mask
 from attnbook.flash import (
+    block_sparse_flash_attention,
     flash_attention,
     flash_attention_varlen,
     key_range,
@@ -375,3 +377,271 @@ def test_varlen_rejects_bad_offsets(gen):
         flash_attention_varlen(q, k, v, cu_q, torch.tensor([0, 7], dtype=torch.int32), 4, 7)
     with pytest.raises(ValueError, match="packed"):
         flash_attention_varlen(q[None], k[None], v[None], cu_q, cu_k, 4, 4)
+
+
+# --------------------------------------------------------------------------------------
+# The online softmax in float16/bfloat16: statistics in float32, one rounding at the end
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("block", [1, 3, 16])
+def test_online_softmax_in_half_precision_keeps_its_statistics_in_float32(gen, dtype, block):
+    """Keeping m and l in bfloat16 made rows of 1000 entries read in blocks of 4 sum to 1.15-1.37.
+    Stated tolerance: each entry within half an ulp of the float64 softmax of the same (rounded)
+    inputs, eps/2 relative, the rounding of the result itself, which torch's own softmax in
+    that dtype also meets; each row sums to 1 within eps."""
+    x = (4 * torch.randn(8, 1000, generator=gen, dtype=torch.float64)).to(dtype)
+    x[0, :500] = -math.inf  # a row half masked
+    got = online_softmax(x, block)
+    assert got.dtype == dtype
+    exact = torch.softmax(x.double(), dim=-1)
+    eps = torch.finfo(dtype).eps
+    tiny = torch.finfo(dtype).smallest_normal if dtype == torch.bfloat16 else 2.0**-24  # fp16 subnormals
+    bound = eps / 2 * exact + tiny
+    assert ((got.double() - exact).abs() <= bound).all()
+    assert ((torch.softmax(x, dim=-1).double() - exact).abs() <= bound).all()  # torch in this dtype: the same bound
+    assert (got.double().sum(-1) - 1).abs().max() <= eps
+
+
+def test_online_softmax_step_promotes_half_precision_statistics(gen):
+    """Fed bfloat16 statistics, scores and values, the step returns float32 statistics, so a
+    loop that feeds them back never rounds its running sums to bfloat16."""
+    scores = (3 * torch.randn(2, 5, 300, generator=gen)).bfloat16()
+    values = torch.randn(2, 300, 4, generator=gen).bfloat16()
+    m = torch.full((2, 5), -math.inf, dtype=torch.bfloat16)
+    l, acc = torch.zeros_like(m), torch.zeros(2, 5, 4, dtype=torch.bfloat16)
+    for j in range(0, 300, 2):
+        m, l, acc = online_softmax_step(m, l, scores[..., j : j + 2], acc, values[:, j : j + 2])
+        assert m.dtype == l.dtype == acc.dtype == torch.float32
+    s, vals = scores.double(), values.double()
+    torch.testing.assert_close(m.double(), s.amax(-1), rtol=0, atol=0)
+    torch.testing.assert_close(l.double(), torch.exp(s - m.double()[..., None]).sum(-1), rtol=1e-5, atol=0)
+    torch.testing.assert_close((acc / l[..., None]).double(), torch.softmax(s, -1) @ vals, rtol=1e-5, atol=1e-6)
+    # float64 anywhere: float64; an empty block changes nothing
+    m64, l64, _ = online_softmax_step(m.double(), l, scores[..., :3])
+    assert m64.dtype == l64.dtype == torch.float64
+    same = online_softmax_step(m, l, scores[..., :0], acc, values[:, :0])
+    assert all(torch.equal(a, b) for a, b in zip(same, (m, l, acc)))
+
+
+# --------------------------------------------------------------------------------------
+# Second derivatives: create_graph=True differentiates a recomputation, to any order
+# --------------------------------------------------------------------------------------
+GRADGRAD = [  # (L, S, H, H_kv, causal, fused options)
+    (5, 5, 2, 2, False, {}),
+    (5, 5, 2, 2, True, {}),
+    (4, 7, 2, 2, True, {}),  # L < S: bottom-right causal
+    (6, 3, 2, 2, True, {}),  # L > S: the first rows see no key
+    (5, 7, 4, 2, False, {}),  # GQA, L != S
+    (6, 4, 2, 1, True, {}),  # MQA, L > S
+    (5, 6, 2, 2, True, {"window_size": (2, -1), "softcap": 1.5, "alibi_slopes": "alibi"}),
+]
+
+
+@pytest.mark.parametrize("L, S, H, H_kv, causal, fused", GRADGRAD)
+def test_flash_attention_passes_gradgradcheck(gen, L, S, H, H_kv, causal, fused):
+    """The hand-written backward treated the saved lse as a constant under create_graph=True, so
+    second derivatives were wrong without an error (gradgradcheck failed)."""
+    fused = {**fused, "alibi_slopes": alibi_slopes(H)} if "alibi_slopes" in fused else fused
+    q = torch.randn(1, H, L, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(1, H_kv, S, 3, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    assert torch.autograd.gradgradcheck(
+        lambda a, b, c: flash_attention(a, b, c, is_causal=causal, backend="torch", **fused), (q, k, v))
+
+
+def _second_derivative(fn, tensors, gen):
+    """d/d(q, k, v) of <grad of <fn(q, k, v), w>, u>: a Hessian-vector product through a
+    create_graph=True backward pass."""
+    leaves = [t.detach().clone().requires_grad_() for t in tensors]
+    out = fn(*leaves)
+    w = torch.randn(out.shape, generator=gen, dtype=out.dtype).to(out.device)
+    grads = torch.autograd.grad(out, leaves, w, create_graph=True)
+    u = [torch.randn(g.shape, generator=gen, dtype=g.dtype).to(g.device) for g in grads]
+    return [*grads, *torch.autograd.grad(sum((g * d).sum() for g, d in zip(grads, u)), leaves)]
+
+
+def test_second_derivatives_equal_the_readable_attentions(gen):
+    q, k, v = _qkv(gen, 9, 13, E=4, H=4, H_kv=2, batch=1)
+    seed = torch.Generator().manual_seed(5)
+    got = _second_derivative(lambda *t: flash_attention(*t, is_causal=True, backend="torch"), (q, k, v), seed)
+    seed = torch.Generator().manual_seed(5)
+    want = _second_derivative(
+        lambda q, k, v: scaled_dot_product_attention(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1),
+                                                     is_causal=True), (q, k, v), seed)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_varlen_passes_gradgradcheck(gen):
+    q, k, v, cu_q, cu_k = _packed(gen, [3, 0, 4], [4, 2, 4], H=2, H_kv=1, E=3, Ev=3)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    assert torch.autograd.gradgradcheck(
+        lambda a, b, c: flash_attention_varlen(a, b, c, cu_q, cu_k, 4, 4, is_causal=True, backend="torch"), leaves)
+
+
+def _needs_triton_here():
+    pytest.importorskip("triton")
+    if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("needs a GPU or TRITON_INTERPRET=1 (tests/conftest.py sets it without a GPU)")
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def test_second_derivatives_through_the_triton_backends_equal_the_readable_attentions(gen):
+    """The Triton backward kernels are opaque to autograd: under create_graph=True each Triton
+    Function differentiates the PyTorch path instead, and gets the readable attention's
+    second derivatives."""
+    from attnbook.sparse import expand_block_mask
+
+    device = _needs_triton_here()
+
+    def check(fn, reference, tensors):
+        tensors = [t.to(device) for t in tensors]
+        got = _second_derivative(fn, tensors, torch.Generator().manual_seed(3))
+        want = _second_derivative(reference, tensors, torch.Generator().manual_seed(3))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b, atol=2e-4, rtol=2e-4)
+
+    q, k, v = (t.float() for t in _qkv(gen, 20, 24, E=16, H=2, H_kv=1, batch=1))
+    check(lambda *t: flash_attention(*t, is_causal=True, backend="triton"),
+          lambda q, k, v: scaled_dot_product_attention(q, k.expand(1, 2, 24, 16), v.expand(1, 2, 24, 16),
+                                                       is_causal=True), (q, k, v))
+    mask = torch.tensor([[True, False], [True, True]], device=device)
+    dense = expand_block_mask(mask, 16)[:20, :24]
+    check(lambda *t: block_sparse_flash_attention(*t, mask, 16, backend="triton"),
+          lambda q, k, v: scaled_dot_product_attention(q, k.expand(1, 2, 24, 16), v.expand(1, 2, 24, 16),
+                                                       dense), (q, k, v))
+    qp, kp, vp, cu_q, cu_k = (t.to(device) for t in _packed(gen, [5, 7], [6, 7], H=2, H_kv=2, E=16, Ev=16,
+                                                               dtype=torch.float32))
+
+    def each_alone(q, k, v):
+        return torch.cat([scaled_dot_product_attention(
+            q[cu_q[b]:cu_q[b + 1]].transpose(0, 1), k[cu_k[b]:cu_k[b + 1]].transpose(0, 1),
+            v[cu_k[b]:cu_k[b + 1]].transpose(0, 1), is_causal=True).transpose(0, 1) for b in range(2)])
+
+    check(lambda *t: flash_attention_varlen(*t, cu_q, cu_k, 7, 7, is_causal=True, backend="triton"),
+          each_alone, (qp, kp, vp))
+
+
+# --------------------------------------------------------------------------------------
+# Bad input: every public function names itself, the argument, and what it expected
+# --------------------------------------------------------------------------------------
+def _bad_flash_calls():
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 6, 4, generator=g)
+    x = torch.randn(3, 10, generator=g)
+    m, l = torch.zeros(3), torch.ones(3)
+    out, lse = tiled_attention_forward(q, q, q)
+    packed = torch.randn(7, 2, 4, generator=g)
+    cu = torch.tensor([0, 3, 7], dtype=torch.int32)
+    return [  # (call, exception, pattern)
+        (lambda: online_softmax(x, 0), ValueError, r"online_softmax: block_size must be an integer >= 1, got 0"),
+        (lambda: online_softmax(x, 2.5), TypeError, r"online_softmax: block_size must be an integer .*2\.5"),
+        (lambda: online_softmax(x, True), TypeError, r"online_softmax: block_size"),
+        (lambda: online_softmax(x.long(), 2), TypeError, r"online_softmax: x must be a floating-point"),
+        (lambda: online_softmax(torch.tensor(1.0), 2), ValueError, r"online_softmax: x must have at least 1"),
+        (lambda: online_softmax_step(m[:2], l, x), ValueError, r"online_softmax_step: m and l must have the shape"),
+        (lambda: online_softmax_step(m, l, x, acc=torch.zeros(3, 2)), ValueError,
+         r"online_softmax_step: acc and values come together"),
+        (lambda: online_softmax_step(m, l, x[None], torch.zeros(1, 3, 2), torch.zeros(9, 2)), ValueError,
+         r"online_softmax_step: m and l"),
+        (lambda: online_softmax_step(m[None], l[None], x[None], torch.zeros(1, 3, 2), torch.zeros(9, 2)),
+         ValueError, r"online_softmax_step: values must be \(\.\.\., cols, Ev\)"),
+        (lambda: merge_partials(out, lse, out, lse[..., :3]), ValueError, r"merge_partials: out_a and out_b"),
+        (lambda: merge_partials(out, lse.long(), out, lse), TypeError, r"merge_partials: lse_a must be a floating"),
+        (lambda: key_range(5, 3, 10, 10), ValueError, r"key_range: need 0 <= i0 <= i1 <= L, got i0=5, i1=3"),
+        (lambda: key_range(0, 4.0, 10, 10), TypeError, r"key_range: i1 must be an integer"),
+        (lambda: key_range(0, 4, -1, 10), ValueError, r"key_range: L must be an integer >= 0"),
+        (lambda: key_range(0, 4, 10, 10, window_size=(-2, 0)), ValueError, r"key_range: window_size"),
+        (lambda: key_range(0, 4, 10, 10, window_size=(1.5, 0)), ValueError, r"key_range: window_size"),
+        (lambda: key_range(0, 4, 10, 10, is_causal="yes"), TypeError, r"key_range: is_causal must be a bool"),
+        (lambda: tiled_attention_forward(q, q, q, block_q=2.5), TypeError, r"tiled_attention_forward: block_q"),
+        (lambda: tiled_attention_forward(q, q, q, block_k=-1), ValueError, r"tiled_attention_forward: block_k .*-1"),
+        (lambda: tiled_attention_forward(q, q, q, scale=math.nan), ValueError,
+         r"tiled_attention_forward: scale must be finite, got nan"),
+        (lambda: tiled_attention_forward(q, q, q, scale="0.5"), TypeError, r"tiled_attention_forward: scale"),
+        (lambda: tiled_attention_backward(q, q, q, out, lse[..., :5], out), ValueError,
+         r"tiled_attention_backward: out and grad_out must be .* and lse"),
+        (lambda: tiled_attention_backward(q, q, q, out, lse, out[..., :2]), ValueError,
+         r"tiled_attention_backward: out and grad_out"),
+        (lambda: tiled_attention_backward(q, q, q, out, lse, out, block_q=0), ValueError,
+         r"tiled_attention_backward: block_q"),
+        (lambda: flash_attention(q, q, q, is_causal="False"), TypeError, r"flash_attention: is_causal must be a bool"),
+        (lambda: flash_attention(q, q, q, scale=math.inf), ValueError, r"flash_attention: scale must be finite"),
+        (lambda: flash_attention(q[..., :0], q[..., :0], q), ValueError, r"flash_attention: q has head_dim 0"),
+        (lambda: flash_attention(q, q, q, backend="cuda"), ValueError,
+         r"flash_attention: backend must be 'auto', 'torch' or 'triton', got 'cuda'"),
+        (lambda: flash_attention_varlen(packed, packed, packed, cu, cu, 4.5, 4), TypeError,
+         r"flash_attention_varlen: max_seqlen_q must be an integer"),
+        (lambda: flash_attention_varlen(packed, packed, packed, cu, cu, 4, -1), ValueError,
+         r"flash_attention_varlen: max_seqlen_k must be an integer >= 0"),
+        (lambda: flash_attention_varlen(packed[:, :1], packed, packed, cu, cu, 4, 4), ValueError,
+         r"flash_attention_varlen: q's 1 heads are not a multiple of k's 2"),
+        (lambda: flash_attention_varlen(packed, packed, packed, cu, cu, 4, 4, scale=math.nan), ValueError,
+         r"flash_attention_varlen: scale"),
+        (lambda: block_sparse_flash_attention(q, q, q, torch.ones(1, 1, dtype=torch.bool), 0), ValueError,
+         r"block_sparse_flash_attention: block_size must be an integer >= 1"),
+        (lambda: block_sparse_flash_attention(q, q, q, torch.ones(1, 1, dtype=torch.bool), 8.0), TypeError,
+         r"block_sparse_flash_attention: block_size"),
+        (lambda: block_sparse_flash_attention(q, q, q, torch.ones(2, 2, dtype=torch.bool), 8), ValueError,
+         r"block_sparse_flash_attention: block_mask must be a bool tensor of shape .* = \(1, 1\)"),
+        (lambda: block_sparse_flash_attention(q, q, q, torch.ones(1, 1), 8), ValueError,
+         r"block_sparse_flash_attention: block_mask .*torch.float32"),
+        (lambda: select_backend(q, "auto", kernel="decode"), ValueError, r"select_backend: kernel must be"),
+        (lambda: select_backend(q.long(), "torch"), TypeError, r"select_backend: q must be a floating-point"),
+        (lambda: hbm_accesses(1024, 64, 2.5e4), TypeError, r"hbm_accesses: sram_bytes must be an integer"),
+        (lambda: hbm_accesses(0, 64, 2**16), ValueError, r"hbm_accesses: seq_len must be an integer >= 1, got 0"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_bad_flash_calls())))
+def test_bad_arguments_raise_errors_naming_the_function_and_the_argument(index):
+    call, error, pattern = _bad_flash_calls()[index]
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+def test_empty_sequences_give_the_documented_results(gen):
+    q, k, v = _qkv(gen, 4, 5)
+    assert flash_attention(q[:, :, :0], k, v).shape == (2, 2, 0, 8)  # no query: an empty output
+    none = flash_attention(q, k[:, :, :0], v[:, :, :0])  # no key: zeros, lse -inf
+    assert torch.equal(none, torch.zeros_like(q))
+    _, lse = tiled_attention_forward(q, k[:, :, :0], v[:, :, :0])
+    assert torch.isinf(lse).all() and (lse < 0).all()
+    empty_mask = torch.ones(1, 0, dtype=torch.bool)
+    assert torch.equal(block_sparse_flash_attention(q, k[:, :, :0], v[:, :, :0], empty_mask, 4), torch.zeros_like(q))
+    assert block_sparse_flash_attention(q[:, :, :0], k, v, torch.ones(0, 2, dtype=torch.bool), 4).shape == (2, 2, 0, 8)
+    assert online_softmax(torch.zeros(3, 0), 4).shape == (3, 0)
+    assert key_range(0, 0, 0, 0) == (0, 0)
+
+
+def test_triton_without_a_gpu_or_the_interpreter_says_how_to_get_one(monkeypatch):
+    """No GPU and no TRITON_INTERPRET: a clear error naming the function, how to get the
+    interpreter, and backend='torch' (not Triton's raw '0 active drivers')."""
+    import attnbook.flash as flash
+
+    monkeypatch.setattr(flash, "_triton_importable", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q = torch.zeros(1, 2, 16, 16)
+    packed, cu = torch.zeros(16, 2, 16), torch.tensor([0, 16], dtype=torch.int32)
+    calls = {
+        "flash_attention": lambda: flash_attention(q, q, q, backend="triton"),
+        "flash_attention_varlen": lambda: flash_attention_varlen(packed, packed, packed, cu, cu, 16, 16,
+                                                                 backend="triton"),
+        "block_sparse_flash_attention": lambda: block_sparse_flash_attention(
+            q, q, q, torch.ones(1, 1, dtype=torch.bool), 16, backend="triton"),
+        "select_backend": lambda: select_backend(q, "triton"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError) as info:
+            call()
+        message = str(info.value)
+        assert message.startswith(f"{name}: backend='triton' needs")
+        assert "TRITON_INTERPRET" in message and "backend='torch'" in message and "0 active drivers" not in message
+    # the variable set after the kernels were compiled for a GPU: said so, before Triton fails
+    fake = type(sys)("attnbook.kernels.flash_triton")
+    fake._fwd_kernel = type("JITFunction", (), {})()
+    monkeypatch.setitem(sys.modules, "attnbook.kernels.flash_triton", fake)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match=r"flash_attention: .*TRITON_INTERPRET=1 was set after .* imported"):
+        flash_attention(q, q, q, backend="triton")
+    assert flash_attention(q, q, q, backend="torch").shape == q.shape  # the way out

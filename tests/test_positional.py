@@ -186,7 +186,7 @@ def test_deberta_delta_takes_2k_values_and_tables_have_2k_rows():
     q = torch.randn(5, 4)
     with pytest.raises(ValueError, match=r"2\*max_distance"):
         disentangled_scores(q, q, torch.zeros(7, 4), torch.zeros(7, 4), 3)  # the 2k + 1 rows of a clip to [-k, k]
-    with pytest.raises(ValueError, match="at least 1"):
+    with pytest.raises(ValueError, match="max_distance must be an integer >= 1"):
         disentangled_scores(q, q, torch.zeros(0, 4), torch.zeros(0, 4), 0)
 
 
@@ -605,3 +605,273 @@ def test_rope_rejects_bad_arguments(kwargs, match):
         RotaryEmbedding(**kwargs)
     with pytest.raises(ValueError, match="dim=8"):
         RotaryEmbedding(8)(torch.zeros(3, 6))
+
+
+# --------------------------------------------------------------------------- T5: invalid settings, more references
+T5_SETTINGS = [  # (bidirectional, num_buckets, max_distance): max_exact = num_buckets // 4 or // 2
+    (True, 32, 128), (False, 32, 128), (True, 16, 20), (False, 8, 64),
+    (True, 4, 2), (False, 2, 2),  # the smallest valid: max_exact 1, max_distance 2
+    (True, 32, 9), (False, 32, 17),  # max_distance = max_exact + 1
+    (True, 33, 40), (False, 11, 7),  # odd bucket counts
+    (True, 64, 300), (False, 10, 1000),
+]
+
+
+@pytest.mark.parametrize("bidirectional,num_buckets,max_distance", T5_SETTINGS)
+def test_t5_buckets_match_the_released_definition_and_grow_with_the_distance(bidirectional, num_buckets,
+                                                                            max_distance):
+    rel = torch.arange(-300, 301)
+    got = t5_relative_position_bucket(rel, bidirectional, num_buckets, max_distance).tolist()
+    assert got == [t5_bucket_reference(r, bidirectional, num_buckets, max_distance) for r in range(-300, 301)]
+    per_direction = num_buckets // 2 if bidirectional else num_buckets
+    bucket = dict(zip(range(-300, 301), got))
+    past = [bucket[-n] for n in range(301)]  # keys before the query, by distance
+    assert past[0] == 0 and past == sorted(past) and max(past) <= per_direction - 1
+    if max_distance <= 300:  # every distance >= max_distance shares the last bucket
+        assert past[max_distance:] == [per_direction - 1] * (301 - max_distance)
+    assert all(b == min(n, per_direction - 1) for n, b in enumerate(past[: per_direction // 2]))  # exact ones
+    if bidirectional:  # keys after the query: the upper half, the same shape
+        assert [bucket[n] for n in range(1, 301)] == [per_direction + b for b in past[1:]]
+    else:  # a causal model puts every future key in bucket 0
+        assert all(bucket[n] == 0 for n in range(1, 301))
+
+
+@pytest.mark.parametrize("bidirectional,num_buckets,max_distance,max_exact", [
+    (True, 32, 8, 8), (True, 32, 5, 8), (False, 32, 16, 16), (False, 32, 10, 16), (True, 16, 4, 4),
+    (False, 4, 2, 2), (True, 32, 1, 8),
+])
+def test_t5_max_distance_not_above_max_exact_is_refused(bidirectional, num_buckets, max_distance, max_exact):
+    """With max_distance <= max_exact the log-spaced formula divides by log(max_distance /
+    max_exact) <= 0: it returned buckets of the other direction, negative buckets or -2^63."""
+    pattern = (rf"t5_relative_position_bucket: max_distance={max_distance} must be greater than "
+               rf"max_exact={max_exact} \(num_buckets={num_buckets}")
+    with pytest.raises(ValueError, match=pattern):
+        t5_relative_position_bucket(torch.arange(-30, 31), bidirectional, num_buckets, max_distance)
+    with pytest.raises(ValueError, match=rf"T5RelativeBias: max_distance={max_distance} .*max_exact={max_exact}"):
+        T5RelativeBias(2, num_buckets, max_distance, bidirectional=bidirectional)
+
+
+def test_a_t5_model_with_a_degenerate_max_distance_fails_at_construction():
+    """TransformerConfig(positional="t5", t5_max_distance=10) trained and generated with distance
+    26 in the bucket of distance 0."""
+    with pytest.raises(ValueError, match="max_distance"):
+        TinyGPT(TransformerConfig(vocab_size=11, d_model=16, n_heads=4, n_layers=1, max_len=16, positional="t5",
+                                  t5_max_distance=10))
+    with pytest.raises(ValueError, match=r"T5RelativeBias: max_distance=10 must be greater than max_exact=16"):
+        T5RelativeBias(4, 32, 10, bidirectional=False)  # what TinyGPT builds from that config
+    T5RelativeBias(4, 32, 10, bidirectional=True)  # an encoder's max_exact is 8: fine
+
+
+# --------------------------------------------------------------------------- RoPE in bfloat16 / float16
+ROPE_SCALINGS = [None, {"type": "linear", "factor": 4.0}, {"type": "ntk", "factor": 4.0},
+                 {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}]
+
+
+@pytest.mark.parametrize("scaling", ROPE_SCALINGS)
+@pytest.mark.parametrize("cast", ["bfloat16", "half", "nested"])
+def test_rope_cast_to_half_precision_keeps_float32_frequencies(scaling, cast):
+    """model.to(torch.bfloat16) rounded the inv_freq buffer: angles at position 4000 were off by
+    up to 1.75 rad."""
+    reference = RotaryEmbedding(64, scaling=scaling)
+    rope = RotaryEmbedding(64, scaling=scaling)
+    if cast == "bfloat16":
+        rope = rope.to(torch.bfloat16)
+    elif cast == "half":
+        rope = rope.half()
+    else:  # inside a model cast as a whole, then cast back
+        rope = torch.nn.Sequential(rope).to(torch.bfloat16).float().to(torch.float16)[0]
+    assert rope.inv_freq.dtype == torch.float32 and torch.equal(rope.inv_freq, reference.inv_freq)
+    positions = torch.arange(8193)
+    angles = rope.angles(positions)
+    assert angles.dtype == torch.float32 and torch.equal(angles, reference.angles(positions))
+    ref_angles = reference.angles(positions)
+    assert torch.equal(torch.cos(angles), torch.cos(ref_angles)) and torch.equal(torch.sin(angles), torch.sin(ref_angles))
+    exact = positions.double()[:, None] * reference._inv_freq64  # float64 angles
+    torch.testing.assert_close(angles.double(), exact, rtol=2**-22, atol=0)  # float32 rounding, twice
+    assert "inv_freq" not in rope.state_dict()  # not saved: checkpoints never held it
+    x = torch.randn(2, 3, 16, 64, generator=gen(20))
+    torch.testing.assert_close(rope(x), reference(x), rtol=0, atol=0)  # float32 inputs: the same numbers
+
+
+def test_rope_cast_to_float64_gets_float64_frequencies_and_back():
+    reference = RotaryEmbedding(64, scaling={"type": "linear", "factor": 2.0})
+    wide = RotaryEmbedding(64, scaling={"type": "linear", "factor": 2.0}).double()
+    assert wide.inv_freq.dtype == torch.float64 and torch.equal(wide.inv_freq, reference._inv_freq64)
+    positions = torch.arange(0, 8193, 64)
+    torch.testing.assert_close(wide.angles(positions), positions.double()[:, None] * reference._inv_freq64,
+                               rtol=2**-52, atol=0)
+    assert torch.equal(wide.to(torch.bfloat16).float().inv_freq, reference.inv_freq)  # float32 again, exactly
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("interleaved", [False, True])
+def test_rope_rotates_half_precision_inputs_within_their_rounding(dtype, interleaved):
+    """A module cast to the inputs' dtype rotates them as the float64 rotation does, up to the
+    rounding of the result (eps/2 relative) and the float32 angles' rounding (|m| 2^-23 rad)."""
+    positions = torch.tensor([0, 1, 17, 1000, 4000, 8191])
+    x = torch.randn(2, 6, 64, generator=gen(21)).to(dtype)
+    rope = RotaryEmbedding(64, interleaved=interleaved).to(dtype)
+    got = rope(x, positions=positions)
+    assert got.dtype == dtype
+    theta = 10000.0 ** -(torch.arange(0, 64, 2, dtype=torch.float64) / 64)
+    expected = torch.stack([x[:, m].double() @ rotation_matrix(positions[m].item(), theta, interleaved).T
+                            for m in range(6)], dim=1)
+    pairs = (x.double()[..., 0::2] ** 2 + x.double()[..., 1::2] ** 2).sqrt() if interleaved else (
+        (x.double()[..., :32] ** 2 + x.double()[..., 32:] ** 2).sqrt())
+    pair_norm = pairs.repeat_interleave(2, -1) if interleaved else torch.cat((pairs, pairs), -1)
+    angle_error = positions.double()[None, :, None] * 2.0**-23 + 1e-6
+    bound = torch.finfo(dtype).eps / 2 * expected.abs() + angle_error * pair_norm
+    assert ((got.double() - expected).abs() <= bound).all()
+
+
+def test_rope_integer_positions_are_converted_before_multiplying():
+    rope = RotaryEmbedding(16, base=500.0)
+    x = torch.randn(5, 16, generator=gen(22))
+    for dtype in (torch.int32, torch.int64, torch.int16):
+        torch.testing.assert_close(rope(x, positions=torch.arange(1000, 1005, dtype=dtype)),
+                                   rope(x, positions=torch.arange(1000, 1005).double()), rtol=0, atol=0)
+    torch.testing.assert_close(rope(x, offset=1000), rope(x, positions=torch.arange(1000, 1005)))
+
+
+# --------------------------------------------------------------------------- float masks and tables of another dtype
+def test_float_masks_and_tables_of_another_dtype_are_cast_to_q():
+    g = gen(23)
+    q, k, v = (torch.randn(2, 5, 8, generator=g, dtype=torch.float64) for _ in range(3))
+    rel = torch.randn(5, 8, generator=g)  # float32 tables, float64 queries
+    mask = torch.zeros(5, 5).masked_fill(torch.ones(5, 5).triu(1).bool(), -math.inf)  # float32 additive mask
+    got = shaw_relative_attention(q, k, v, rel, rel, 2, mask)
+    torch.testing.assert_close(got, shaw_relative_attention(q, k, v, rel.double(), rel.double(), 2, is_causal=True))
+    torch.testing.assert_close(multiplicative_scores(q, k, torch.ones(3), 2), q @ k.transpose(-2, -1))
+
+
+# --------------------------------------------------------------------------- bad input, table-driven
+def _bad_positional_calls():
+    g = gen(24)
+    q = torch.randn(4, 8, generator=g)
+    rope = RotaryEmbedding(8)
+    emb = LearnedPositionalEmbedding(6, 4)
+    xl = xl_inputs((), 2, 4, 6, 3)
+    yarn = dict(dim=16, base=10000.0, factor=4.0, original_max_position_embeddings=64)
+    return [  # (call, exception, pattern)
+        (lambda: sinusoidal_encoding(3.5, 8), TypeError, r"sinusoidal_encoding: n_positions must be an integer"),
+        (lambda: sinusoidal_encoding(-1, 8), ValueError, r"sinusoidal_encoding: n_positions must be an integer >= 0"),
+        (lambda: sinusoidal_encoding(4, 8.0), TypeError, r"sinusoidal_encoding: dim"),
+        (lambda: sinusoidal_encoding(4, 8, base=0.0), ValueError, r"sinusoidal_encoding: base must be a finite number > 0"),
+        (lambda: sinusoidal_encoding(4, 8, base=math.nan), ValueError, r"sinusoidal_encoding: base .*nan"),
+        (lambda: LearnedPositionalEmbedding(0, 4), ValueError, r"LearnedPositionalEmbedding: max_len must be an integer >= 1"),
+        (lambda: LearnedPositionalEmbedding(4.0, 4), TypeError, r"LearnedPositionalEmbedding: max_len"),
+        (lambda: emb(-1), ValueError, r"LearnedPositionalEmbedding: positions must be an integer >= 0"),
+        (lambda: emb(2.0), TypeError, r"LearnedPositionalEmbedding: positions"),
+        (lambda: emb(torch.tensor([1.0])), TypeError, r"LearnedPositionalEmbedding: positions must be an int or an integer"),
+        (lambda: relative_positions(2.5), TypeError, r"relative_positions: q_len must be an integer"),
+        (lambda: relative_positions(2, -1), ValueError, r"relative_positions: k_len must be an integer >= 0"),
+        (lambda: shaw_relative_attention(q, q, q, torch.zeros(1, 8), torch.zeros(1, 8), -1), ValueError,
+         r"shaw_relative_attention: max_distance must be an integer >= 0"),
+        (lambda: shaw_relative_attention(q, q, q, torch.zeros(3, 8), torch.zeros(3, 8), 1.0), TypeError,
+         r"shaw_relative_attention: max_distance"),
+        (lambda: shaw_relative_attention(q, q, q, torch.zeros(3, 8).long(), torch.zeros(3, 8), 1), TypeError,
+         r"shaw_relative_attention: rel_k must be a floating-point"),
+        (lambda: shaw_relative_attention(q, q, q, torch.zeros(3, 8), torch.zeros(3, 8), 1, scale=math.nan),
+         ValueError, r"shaw_relative_attention: scale must be a finite number"),
+        (lambda: shaw_relative_attention(q, q, q, torch.zeros(3, 8), torch.zeros(3, 8), 1, is_causal="no"),
+         TypeError, r"shaw_relative_attention: is_causal must be a bool"),
+        (lambda: untied_scores(q, q[:3], *[torch.zeros(8, 2)] * 4), ValueError, r"untied_scores: x must be .* and pos"),
+        (lambda: untied_scores(q, q, torch.zeros(8, 2), torch.zeros(8, 3), torch.zeros(8, 2), torch.zeros(8, 2)),
+         ValueError, r"untied_scores: W_q, W_k must both be"),
+        (lambda: untied_scores(q, q.long(), *[torch.zeros(8, 2)] * 4), TypeError, r"untied_scores: pos must be a floating"),
+        (lambda: multiplicative_scores(q, q, torch.ones(2), -1), ValueError,
+         r"multiplicative_scores: max_distance must be an integer >= 0"),
+        (lambda: multiplicative_scores(q, q.double(), torch.ones(2), 1), TypeError, r"multiplicative_scores: q and k must share"),
+        (lambda: multiplicative_scores(q, q[:, :4], torch.ones(2), 1), ValueError, r"multiplicative_scores: q and k must be"),
+        (lambda: disentangled_scores(q, q, torch.zeros(2, 8), torch.zeros(2, 8), 1.0), TypeError,
+         r"disentangled_scores: max_distance"),
+        (lambda: transformer_xl_relative_embeddings(10, 7), ValueError, r"transformer_xl_relative_embeddings: dim"),
+        (lambda: transformer_xl_relative_embeddings(2.5, 8), TypeError, r"transformer_xl_relative_embeddings: n must"),
+        (lambda: transformer_xl_scores(*xl[:2], xl[2].long(), *xl[3:]), TypeError,
+         r"transformer_xl_scores: r must be a floating-point"),
+        (lambda: transformer_xl_scores(*xl, return_terms="yes"), TypeError, r"transformer_xl_scores: return_terms"),
+        (lambda: t5_relative_position_bucket(torch.tensor([1.0])), TypeError,
+         r"t5_relative_position_bucket: relative_position must be an integer tensor, got torch.float32"),
+        (lambda: t5_relative_position_bucket(torch.tensor([True])), TypeError, r"t5_relative_position_bucket: relative_position"),
+        (lambda: t5_relative_position_bucket(torch.tensor([1]), True, 32.0), TypeError,
+         r"t5_relative_position_bucket: num_buckets must be an integer"),
+        (lambda: t5_relative_position_bucket(torch.tensor([1]), True, 3), ValueError,
+         r"t5_relative_position_bucket: num_buckets=3 is too small, max_exact = 0 .* use num_buckets >= 4"),
+        (lambda: t5_relative_position_bucket(torch.tensor([1]), False, 1), ValueError,
+         r"t5_relative_position_bucket: num_buckets=1 is too small, .* >= 2"),
+        (lambda: t5_relative_position_bucket(torch.tensor([1]), "yes"), TypeError,
+         r"t5_relative_position_bucket: bidirectional must be a bool"),
+        (lambda: t5_relative_position_bucket(torch.tensor([1]), True, 32, 0), ValueError,
+         r"t5_relative_position_bucket: max_distance must be an integer >= 1"),
+        (lambda: T5RelativeBias(0), ValueError, r"T5RelativeBias: n_heads must be an integer >= 1"),
+        (lambda: T5RelativeBias(2, num_buckets=16.0), TypeError, r"T5RelativeBias: num_buckets"),
+        (lambda: T5RelativeBias(2)(2.5), TypeError, r"T5RelativeBias: q_len must be an integer"),
+        (lambda: alibi_slopes(0), ValueError, r"alibi_slopes: n_heads must be an integer >= 1, got 0"),
+        (lambda: alibi_slopes(8.0), TypeError, r"alibi_slopes: n_heads"),
+        (lambda: alibi_bias(8, -1), ValueError, r"alibi_bias: q_len must be an integer >= 0"),
+        (lambda: alibi_bias(8, 4, is_causal="no"), TypeError, r"alibi_bias: is_causal must be a bool"),
+        (lambda: yarn_inv_freq(**{**yarn, "dim": 15}), ValueError, r"yarn_inv_freq: dim must be a positive even"),
+        (lambda: yarn_inv_freq(**{**yarn, "base": 1.0}), ValueError, r"yarn_inv_freq: base must be a finite number > 1"),
+        (lambda: yarn_inv_freq(**{**yarn, "factor": 0.0}), ValueError, r"yarn_inv_freq: scaling factor must be >= 1"),
+        (lambda: yarn_inv_freq(**{**yarn, "factor": math.nan}), ValueError, r"yarn_inv_freq: scaling factor .*nan"),
+        (lambda: yarn_inv_freq(**{**yarn, "original_max_position_embeddings": 0}), ValueError,
+         r"yarn_inv_freq: original_max_position_embeddings must be an integer >= 1"),
+        (lambda: yarn_inv_freq(**yarn, beta_fast=1.0, beta_slow=1.0), ValueError,
+         r"yarn_inv_freq: beta_slow must be smaller than beta_fast"),
+        (lambda: yarn_inv_freq(**yarn, beta_slow=0.0), ValueError, r"yarn_inv_freq: beta_slow must be a finite number > 0"),
+        (lambda: RotaryEmbedding(8.0), TypeError, r"RotaryEmbedding: dim must be an integer"),
+        (lambda: RotaryEmbedding(8, base=0.0), ValueError, r"RotaryEmbedding: base must be a finite number > 0, got 0.0"),
+        (lambda: RotaryEmbedding(8, base=-10.0), ValueError, r"RotaryEmbedding: base"),
+        (lambda: RotaryEmbedding(8, base=math.nan), ValueError, r"RotaryEmbedding: base"),
+        (lambda: RotaryEmbedding(8, interleaved="yes"), TypeError, r"RotaryEmbedding: interleaved must be a bool"),
+        (lambda: RotaryEmbedding(8, scaling="linear"), TypeError, r"RotaryEmbedding: scaling must be a dict"),
+        (lambda: RotaryEmbedding(8, scaling={"type": "linear"}), ValueError, r"RotaryEmbedding: linear scaling needs a 'factor'"),
+        (lambda: RotaryEmbedding(8, scaling={"type": "linear", "factr": 4.0}), ValueError,
+         r"RotaryEmbedding: unknown key\(s\) \['factr'\] in linear scaling"),
+        (lambda: RotaryEmbedding(8, scaling={"type": "ntk", "factor": math.nan}), ValueError,
+         r"RotaryEmbedding: scaling factor must be a finite number"),
+        (lambda: RotaryEmbedding(8, scaling={"type": "ntk", "factor": -2.0}), ValueError,
+         r"RotaryEmbedding: scaling factor must be >= 1"),
+        (lambda: RotaryEmbedding(8, scaling={"type": "yarn", "factor": 2.0, "original_max_position_embeddings": 0}),
+         ValueError, r"yarn_inv_freq: original_max_position_embeddings"),
+        (lambda: rope(q.long()), TypeError, r"RotaryEmbedding: x must be a floating-point"),
+        (lambda: rope(q, offset=2.5), TypeError, r"RotaryEmbedding: offset must be an integer"),
+        (lambda: rope(q, offset=-1), ValueError, r"RotaryEmbedding: offset must be an integer >= 0"),
+        (lambda: rope(q, positions=torch.arange(4), offset=3), ValueError, r"RotaryEmbedding: give positions or offset"),
+        (lambda: rope(q, positions=torch.ones(4, dtype=torch.bool)), TypeError, r"RotaryEmbedding: positions must be integer"),
+        (lambda: rope(q, positions=torch.tensor([0.0, 1.0, math.nan, 3.0])), ValueError,
+         r"RotaryEmbedding: positions must be finite"),
+        (lambda: rope(q, positions=torch.arange(5)), ValueError,
+         r"RotaryEmbedding: positions of shape \(5,\) must broadcast to .* \(4,\)"),
+        (lambda: rope(q[0]), ValueError, r"RotaryEmbedding: x must be \(\.\.\., seq, dim\)"),
+        (lambda: rope.angles([1, 2]), TypeError, r"RotaryEmbedding.angles: positions must be a torch.Tensor"),
+        (lambda: rope_complex(q, torch.arange(4), base=0.0), ValueError, r"rope_complex: base must be a finite number > 0"),
+        (lambda: rope_complex(q[:, :7], torch.arange(4)), ValueError, r"rope_complex: x must have an even"),
+        (lambda: rope_complex(q, torch.arange(3)), ValueError, r"rope_complex: positions of shape \(3,\)"),
+        (lambda: rope_complex(q, torch.arange(4), interleaved="no"), TypeError, r"rope_complex: interleaved"),
+        (lambda: principal_components(q, 4), ValueError, r"principal_components: k must lie in \[1, 3\] .*got 4"),
+        (lambda: principal_components(q, 0), ValueError, r"principal_components: k must be an integer >= 1"),
+        (lambda: principal_components(q, 1.5), TypeError, r"principal_components: k must be an integer"),
+        (lambda: principal_components(q[None], 1), ValueError, r"principal_components: x must be a \(n, D\) matrix"),
+        (lambda: principal_angles(q, torch.randn(4, 5), 1), ValueError, r"principal_angles: b must be a \(n, 8\) matrix"),
+        (lambda: subspace_overlap(q, torch.randn(4, 5), 1), ValueError, r"principal_angles: b"),
+        (lambda: variance_in_subspace(torch.ones(4, 8), q, 1), ValueError, r"variance_in_subspace: the rows of x .* do not vary"),
+        (lambda: variance_in_subspace(q[:, :3], q, 1), ValueError, r"variance_in_subspace: x must be a \(n, 8\) matrix"),
+    ]
+
+
+@pytest.mark.parametrize("index", range(len(_bad_positional_calls())))
+def test_bad_arguments_raise_errors_naming_the_function_and_the_argument(index):
+    call, error, pattern = _bad_positional_calls()[index]
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+def test_empty_sequences_give_empty_results():
+    assert sinusoidal_encoding(0, 8).shape == (0, 8)
+    assert relative_positions(0, 3).shape == (0, 3)
+    assert RotaryEmbedding(8)(torch.zeros(2, 0, 8)).shape == (2, 0, 8)
+    assert rope_complex(torch.zeros(2, 0, 8), torch.arange(0)).shape == (2, 0, 8)
+    assert T5RelativeBias(2, 8, 16)(0, 3).shape == (1, 2, 0, 3)
+    assert alibi_bias(4, 0, 3).shape == (1, 4, 0, 3)
+    assert LearnedPositionalEmbedding(4, 2)(0).shape == (0, 2)
