@@ -25,12 +25,14 @@ message passing on the complete graph (:func:`message_passing_attention`).
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .contract import check_qkv, grouped_kv
+from .contract import check_sizes as _check_sizes
+from .contract import check_float, check_qkv, grouped_kv
 from .core import masked_softmax
 
 __all__ = [
@@ -48,23 +50,81 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 # Graph utilities
 # --------------------------------------------------------------------------------------
-def _check_edge_index(edge_index: torch.Tensor, num_nodes: int) -> None:
-    if not isinstance(edge_index, torch.Tensor) or edge_index.dtype != torch.long:
+def _check_num_nodes(fn: str, num_nodes: int) -> None:
+    if (
+        isinstance(num_nodes, bool)
+        or not isinstance(num_nodes, numbers.Integral)
+        or num_nodes < 0
+    ):
         raise ValueError(
-            "edge_index must be an int64 tensor, got "
-            f"{getattr(edge_index, 'dtype', type(edge_index))}"
+            f"{fn}: num_nodes must be a non-negative integer, got {num_nodes!r}"
+        )
+
+
+def _check_rate(fn: str, name: str, p: float) -> None:
+    """A probability in ``[0, 1)`` (NaN refused)."""
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0.0 <= p < 1.0:
+        raise ValueError(f"{fn}: {name} must be a number in [0, 1), got {p!r}")
+
+
+def _check_edge_index(
+    edge_index: torch.Tensor, num_nodes: int, fn: str = "edge_index"
+) -> None:
+    """``edge_index``: an int64 ``(2, E)`` tensor of node ids in ``[0, num_nodes)``
+    (``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong shape or id;
+    the message names ``fn``)."""
+    _check_num_nodes(fn, num_nodes)
+    if not isinstance(edge_index, torch.Tensor) or edge_index.dtype != torch.long:
+        raise TypeError(
+            f"{fn}: edge_index must be an int64 tensor, got "
+            f"{getattr(edge_index, 'dtype', type(edge_index).__name__)}"
         )
     if edge_index.dim() != 2 or edge_index.shape[0] != 2:
         raise ValueError(
-            "edge_index must have shape (2, E) (row 0 = source, row 1 = target), got "
-            f"{tuple(edge_index.shape)}"
+            f"{fn}: edge_index must have shape (2, E) (row 0 = source, row 1 = "
+            f"target), got {tuple(edge_index.shape)}"
         )
-    if edge_index.numel() and (edge_index.min() < 0 or edge_index.max() >= num_nodes):
+    if edge_index.numel():
+        low, high = edge_index.aminmax()
+        low, high = int(low), int(high)
+        if low < 0 or high >= num_nodes:
+            raise ValueError(
+                f"{fn}: edge_index refers to nodes outside 0..{num_nodes - 1} "
+                f"(num_nodes={num_nodes}): got ids in [{low}, {high}]"
+            )
+
+
+def _check_x(fn: str, x: torch.Tensor, in_dim: int) -> None:
+    """Node features: a floating-point ``(N, in_dim)`` tensor."""
+    check_float(fn, "x", x)
+    if x.dim() != 2 or x.shape[1] != in_dim:
         raise ValueError(
-            f"edge_index refers to nodes outside 0..{num_nodes - 1}: min "
-            f"{edge_index.min().item()}, "
-            f"max {edge_index.max().item()}"
+            f"{fn}: x must have shape (N, in_dim={in_dim}), got {tuple(x.shape)}"
         )
+
+
+def _check_gnn(kind, in_dim, hidden, n_classes, heads, dropout) -> None:
+    if kind not in ("gcn", "gat"):
+        raise ValueError(f"GNN: kind must be 'gcn' or 'gat', got {kind!r}")
+    _check_sizes("GNN", in_dim=in_dim, hidden=hidden, n_classes=n_classes, heads=heads)
+    _check_rate("GNN", "dropout", dropout)
+
+
+def _check_message_passing(q, k, v, edge_index, scale) -> None:
+    fn = "message_passing_attention"
+    check_qkv(fn, q, k, v)
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"{fn}: q and k need the same number of nodes N (dim -2), got q "
+            f"{tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    _check_edge_index(edge_index, q.shape[-2], fn)
+    if scale is not None and (
+        isinstance(scale, bool)
+        or not isinstance(scale, numbers.Real)
+        or not math.isfinite(scale)
+    ):
+        raise ValueError(f"{fn}: scale must be None or a finite number, got {scale!r}")
 
 
 def add_self_loops(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
@@ -74,7 +134,12 @@ def add_self_loops(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
     ``(2, E)`` -> ``(2, E' + N)`` where ``E'`` counts the edges that are not self-loops.
     Every node then attends (at least) to itself, so no softmax row is empty.
     """
-    _check_edge_index(edge_index, num_nodes)
+    _check_edge_index(edge_index, num_nodes, "add_self_loops")
+    return _add_self_loops(edge_index, num_nodes)
+
+
+def _add_self_loops(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor:
+    """:func:`add_self_loops` on an ``edge_index`` already checked."""
     keep = edge_index[0] != edge_index[1]
     loops = torch.arange(num_nodes, device=edge_index.device).repeat(2, 1)
     return torch.cat([edge_index[:, keep], loops], dim=1)
@@ -85,6 +150,7 @@ def complete_graph(
 ) -> torch.Tensor:
     """``edge_index`` of the complete directed graph: every ``j -> i`` (with ``i -> i``
     when ``self_loops``)."""
+    _check_num_nodes("complete_graph", num_nodes)
     j, i = torch.meshgrid(
         torch.arange(num_nodes, device=device),
         torch.arange(num_nodes, device=device),
@@ -100,9 +166,9 @@ def to_dense_adjacency(edge_index: torch.Tensor, num_nodes: int) -> torch.Tensor
     i``.
 
     Rows are targets (queries) and columns sources (keys), like an attention mask: True
-    = may attend.
+    = may attend. A repeated edge gives one True.
     """
-    _check_edge_index(edge_index, num_nodes)
+    _check_edge_index(edge_index, num_nodes, "to_dense_adjacency")
     adj = torch.zeros(num_nodes, num_nodes, dtype=torch.bool, device=edge_index.device)
     adj[edge_index[1], edge_index[0]] = True
     return adj
@@ -121,13 +187,28 @@ def edge_softmax(
     ``scores``: ``(E, ...)`` (e.g. ``(E, heads)``); ``target``: ``(E,)`` node ids.
     Returns ``(E, ...)``; the weights of the edges into each node sum to 1. The per-node
     maximum is subtracted before ``exp`` (the usual overflow guard; it cancels in the
-    ratio).
+    ratio). Node ids outside ``[0, num_nodes)`` raise ``ValueError``.
     """
-    if target.dim() != 1 or scores.shape[0] != target.shape[0]:
-        raise ValueError(
-            f"scores (E, ...) and target (E,) must agree, got {tuple(scores.shape)} "
-            f"and {tuple(target.shape)}"
+    fn = "edge_softmax"
+    _check_num_nodes(fn, num_nodes)
+    check_float(fn, "scores", scores)
+    if not isinstance(target, torch.Tensor) or target.dtype != torch.long:
+        raise TypeError(
+            f"{fn}: target must be an int64 tensor, got "
+            f"{getattr(target, 'dtype', type(target).__name__)}"
         )
+    if target.dim() != 1 or scores.dim() < 1 or scores.shape[0] != target.shape[0]:
+        raise ValueError(
+            f"{fn}: scores (E, ...) and target (E,) must agree, got "
+            f"{tuple(scores.shape)} and {tuple(target.shape)}"
+        )
+    if target.numel():
+        low, high = (int(t) for t in target.aminmax())
+        if low < 0 or high >= num_nodes:
+            raise ValueError(
+                f"{fn}: target refers to nodes outside 0..{num_nodes - 1} "
+                f"(num_nodes={num_nodes}): got ids in [{low}, {high}]"
+            )
     index = target.view(-1, *([1] * (scores.dim() - 1))).expand_as(scores)
     node_max = torch.full(
         (num_nodes, *scores.shape[1:]),
@@ -165,16 +246,10 @@ def message_passing_attention(
     attention with the mask :func:`to_dense_adjacency`. Nodes with no incoming edge get
     zeros, like a fully masked query.
     """
-    check_qkv("message_passing_attention", q, k, v)
-    if q.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            "message_passing_attention: q and k need the same number of nodes N (dim "
-            f"-2), got q {tuple(q.shape)} and k {tuple(k.shape)}"
-        )
+    _check_message_passing(q, k, v, edge_index, scale)
     k, v = grouped_kv(q, k, v)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2])
     N = q.shape[-2]
-    _check_edge_index(edge_index, N)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     # nodes first, for indexing by edge: (N, ..., E)
     q, k, v = (t.expand(*batch, *t.shape[-2:]).movedim(-2, 0) for t in (q, k, v))
@@ -195,9 +270,13 @@ class GCNLayer(nn.Module):
 
     :math:`\hat A = A + I` (existing self-loops replaced by one per node), :math:`\hat
     D` its degree matrix. Per edge: ``out_i = sum_{j -> i} x_j W / sqrt(deg_i deg_j) +
-    b``, with ``deg`` counted on incoming edges. The weight of an edge depends only on
-    the degrees, never on the features: the graph fixes the routing. Layout as PyTorch
-    Geometric's ``GCNConv``: ``lin`` (no bias) and ``bias``.
+    b``, with ``deg`` counted on incoming edges. An edge listed twice counts twice (in
+    ``deg`` and in the sum: ``A[i, j]`` is the number of edges ``j -> i``), as in
+    message passing; an isolated node gets only its self-loop (or, without
+    ``add_self_loops``, zeros plus ``b``). The weight of an edge depends only on the
+    degrees, never on the features: the graph fixes the routing. Degrees and weights
+    are computed in the dtype of ``x``. Layout as PyTorch Geometric's ``GCNConv``:
+    ``lin`` (no bias) and ``bias``.
     """
 
     def __init__(
@@ -209,37 +288,34 @@ class GCNLayer(nn.Module):
         bias: bool = True,
     ):
         super().__init__()
+        _check_sizes("GCNLayer", in_dim=in_dim, out_dim=out_dim)
         self.in_dim, self.out_dim, self.add_self_loops = in_dim, out_dim, add_self_loops
         self.lin = nn.Linear(in_dim, out_dim, bias=False)
         self.bias = nn.Parameter(torch.zeros(out_dim)) if bias else None
 
     def edge_weights(
-        self, edge_index: torch.Tensor, num_nodes: int
+        self, edge_index: torch.Tensor, num_nodes: int, *, dtype=None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The edges used (self-loops added when ``add_self_loops``) and their ``1 /
-        sqrt(deg_i deg_j)`` weights."""
+        sqrt(deg_i deg_j)`` weights, in ``dtype`` (default: torch's default dtype;
+        :meth:`forward` passes the dtype of ``x``)."""
+        _check_edge_index(edge_index, num_nodes, "GCNLayer.edge_weights")
+        dtype = torch.get_default_dtype() if dtype is None else dtype
         if self.add_self_loops:
-            edge_index = add_self_loops(edge_index, num_nodes)
+            edge_index = _add_self_loops(edge_index, num_nodes)
         source, target = edge_index
-        deg = torch.zeros(num_nodes, device=edge_index.device).index_add_(
-            0, target, torch.ones_like(target, dtype=torch.float)
-        )
+        deg = torch.zeros(num_nodes, dtype=dtype, device=edge_index.device)
+        deg.index_add_(0, target, torch.ones_like(target, dtype=dtype))
         inv_sqrt = deg.pow(-0.5).masked_fill(deg == 0, 0.0)
         return edge_index, inv_sqrt[source] * inv_sqrt[target]
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
         """``x``: ``(N, in_dim)``, ``edge_index``: ``(2, E)`` -> ``(N, out_dim)``."""
-        if x.dim() != 2 or x.shape[1] != self.in_dim:
-            raise ValueError(
-                f"x must have shape (N, in_dim={self.in_dim}), got {tuple(x.shape)}"
-            )
-        _check_edge_index(edge_index, x.shape[0])
-        edge_index, weight = self.edge_weights(edge_index, x.shape[0])
+        _check_x("GCNLayer", x, self.in_dim)
+        edge_index, weight = self.edge_weights(edge_index, x.shape[0], dtype=x.dtype)
         h = self.lin(x)
         source, target = edge_index
-        out = torch.zeros_like(h).index_add_(
-            0, target, weight.to(h.dtype)[:, None] * h[source]
-        )
+        out = torch.zeros_like(h).index_add_(0, target, weight[:, None] * h[source])
         return out if self.bias is None else out + self.bias
 
 
@@ -280,6 +356,17 @@ class GATLayer(nn.Module):
         bias: bool = True,
     ):
         super().__init__()
+        _check_sizes("GATLayer", in_dim=in_dim, out_dim=out_dim, heads=heads)
+        _check_rate("GATLayer", "dropout", dropout)
+        if (
+            isinstance(negative_slope, bool)
+            or not isinstance(negative_slope, numbers.Real)
+            or not math.isfinite(negative_slope)
+        ):
+            raise ValueError(
+                "GATLayer: negative_slope must be a finite number, got "
+                f"{negative_slope!r}"
+            )
         self.in_dim, self.out_dim, self.heads, self.concat = (
             in_dim,
             out_dim,
@@ -308,15 +395,13 @@ class GATLayer(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``z = W x`` as ``(N, heads, out_dim)`` and the two halves of the score, ``(N,
         heads)`` each."""
-        if x.dim() != 2 or x.shape[1] != self.in_dim:
-            raise ValueError(
-                f"x must have shape (N, in_dim={self.in_dim}), got {tuple(x.shape)}"
-            )
+        _check_x("GATLayer", x, self.in_dim)
         z = self.lin(x).view(-1, self.heads, self.out_dim)
         return z, (z * self.att_src).sum(-1), (z * self.att_dst).sum(-1)
 
     def _combine(self, out: torch.Tensor) -> torch.Tensor:
-        out = out.reshape(out.shape[0], -1) if self.concat else out.mean(dim=1)
+        width = self.heads * self.out_dim  # not -1: a graph of 0 nodes has 0 elements
+        out = out.reshape(out.shape[0], width) if self.concat else out.mean(dim=1)
         return out if self.bias is None else out + self.bias
 
     def forward(
@@ -328,10 +413,11 @@ class GATLayer(nn.Module):
         With ``return_weights=True`` also returns ``(edge_index_used, alpha)``: the
         edges after the self-loop step, ``(2, E')``, and their weights ``(E', heads)``.
         """
+        _check_x("GATLayer", x, self.in_dim)
         N = x.shape[0]
-        _check_edge_index(edge_index, N)
+        _check_edge_index(edge_index, N, "GATLayer")
         if self.add_self_loops:
-            edge_index = add_self_loops(edge_index, N)
+            edge_index = _add_self_loops(edge_index, N)
         z, s_src, s_dst = self._project(x)
         source, target = edge_index
         # (E, heads)
@@ -356,11 +442,17 @@ class GATLayer(nn.Module):
         graph is the mask. Returns the output and, on request, the ``(heads, N, N)``
         weights. Costs ``O(N^2)`` memory, so it is for small graphs and for checking.
         """
+        _check_x("GATLayer.forward_dense", x, self.in_dim)
         N = x.shape[0]
-        if adj.shape != (N, N) or adj.dtype != torch.bool:
+        if not isinstance(adj, torch.Tensor) or adj.dtype != torch.bool:
+            raise TypeError(
+                "GATLayer.forward_dense: adj must be a bool tensor, got "
+                f"{getattr(adj, 'dtype', type(adj).__name__)}"
+            )
+        if adj.shape != (N, N):
             raise ValueError(
-                f"adj must be a bool (N, N) = ({N}, {N}) matrix, got {adj.dtype} "
-                f"{tuple(adj.shape)}"
+                f"GATLayer.forward_dense: adj must have shape (N, N) = ({N}, {N}), "
+                f"got {tuple(adj.shape)}"
             )
         if self.add_self_loops:
             adj = adj | torch.eye(N, dtype=torch.bool, device=adj.device)
@@ -399,19 +491,21 @@ class GNN(nn.Module):
         dropout: float = 0.5,
     ):
         super().__init__()
+        _check_gnn(kind, in_dim, hidden, n_classes, heads, dropout)
         if kind == "gcn":
             self.layer1, self.layer2 = (
                 GCNLayer(in_dim, hidden),
                 GCNLayer(hidden, n_classes),
             )
-        elif kind == "gat":
+        else:
             self.layer1 = GATLayer(in_dim, hidden, heads=heads, dropout=dropout)
             self.layer2 = GATLayer(hidden * heads, n_classes, heads=1, dropout=dropout)
-        else:
-            raise ValueError(f"kind must be 'gcn' or 'gat', got {kind!r}")
-        self.kind, self.dropout = kind, dropout
+        self.kind, self.in_dim, self.dropout = kind, in_dim, dropout
 
     def forward(self, x: torch.Tensor, edge_index: torch.Tensor) -> torch.Tensor:
+        """``x``: ``(N, in_dim)``, ``edge_index``: ``(2, E)`` -> logits ``(N,
+        n_classes)``."""
+        _check_x("GNN", x, self.in_dim)
         h = F.dropout(x, self.dropout, self.training)
         h = F.elu(self.layer1(h, edge_index))
         h = F.dropout(h, self.dropout, self.training)

@@ -28,6 +28,11 @@ above, ``"mla"`` DeepSeek-V2's multi-head latent attention (:class:`LatentAttent
 built on :class:`attnbook.serving.MultiHeadLatentAttention`), which caches one
 compressed latent per token instead of every head's key and value.
 
+Masks follow :mod:`attnbook.contract`: ``key_padding_mask`` is bool ``(B, S)``, True
+where a key is padding; ``attn_mask`` is bool (True = may attend) or additive and must
+have the four dimensions of the scores ``(B, n_heads, T, S)`` (each may be 1), so a
+padding mask is never mistaken for a ``(T, S)`` one.
+
 ``TinyGPT.generate`` decodes greedily or by sampling, with or without a KV cache
 (:class:`attnbook.kvcache.KVCache`; a latent cache for MLA). With a cache every forward
 pass feeds only the new tokens: their positions start at ``cache.length``, RoPE rotates
@@ -38,6 +43,9 @@ split-KV Triton kernel (:mod:`attnbook.kernels.decode`).
 
 from __future__ import annotations
 
+import contextlib
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -46,6 +54,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from .serving import LatentKVCache, MultiHeadLatentAttention
+from .contract import check_sizes as _check_sizes
+from .contract import check_key_padding_mask
 from .core import MultiHeadAttention, scaled_dot_product_attention
 from .data import BOS, EOS, PAD
 from .kernels import plan_for
@@ -79,6 +89,96 @@ __all__ = [
 POSITIONAL_SCHEMES = ("none", "sinusoidal", "learned", "t5", "alibi", "rope")
 ATTENTION_KINDS = ("mha", "mla")
 INITS = ("torch", "normal", "scaled")
+
+
+# --------------------------------------------------------------------------------------
+# Argument checks: ValueError or TypeError naming the function, the argument, and what
+# was expected and received
+# --------------------------------------------------------------------------------------
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _check_rate(fn: str, name: str, p) -> None:
+    """A probability in ``[0, 1)``; NaN is refused."""
+    if not _is_real(p) or not 0.0 <= p < 1.0:
+        raise ValueError(f"{fn}: {name} must be a number in [0, 1), got {p!r}")
+
+
+def _check_config(fn: str, config) -> None:
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(
+            f"{fn}: config must be a TransformerConfig, got {type(config).__name__}"
+        )
+
+
+def _check_ids(
+    fn: str, name: str, idx: torch.Tensor, vocab_size: int, *, check_range: bool = True
+) -> None:
+    """Token ids: an int64 or int32 ``(batch, seq)`` tensor, ``seq >= 1``, every id in
+    ``[0, vocab_size)`` (one min/max per call; ``check_range=False`` skips it for
+    tokens the model wrote itself)."""
+    if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int):
+        raise TypeError(
+            f"{fn}: {name} must be an int64 (or int32) tensor of token ids, got "
+            f"{getattr(idx, 'dtype', type(idx).__name__)}"
+        )
+    if idx.dim() != 2 or idx.shape[1] < 1:
+        raise ValueError(
+            f"{fn}: {name} must have shape (batch, seq) with seq >= 1, got "
+            f"{tuple(idx.shape)}"
+        )
+    if check_range and idx.numel():
+        low, high = torch.stack(idx.aminmax()).tolist()
+        if low < 0 or high >= vocab_size:
+            raise ValueError(
+                f"{fn}: {name} holds token ids in [{low}, {high}], outside the "
+                f"vocabulary [0, {vocab_size}) of vocab_size={vocab_size}"
+            )
+
+
+def _check_4d_mask(fn: str, name: str, mask, scores: tuple[int, ...]) -> None:
+    """``mask``: bool or float, four dimensions, broadcastable to ``scores`` ``(B,
+    n_heads, T, S)``. A 2-D ``(batch, S)`` padding mask would broadcast as ``(T, S)``
+    whenever ``batch == T``: refused, with a pointer to ``key_padding_mask``."""
+    if not isinstance(mask, torch.Tensor) or not (
+        mask.dtype == torch.bool or mask.is_floating_point()
+    ):
+        raise TypeError(
+            f"{fn}: {name} must be a bool (True = may attend) or additive float "
+            f"tensor, got {getattr(mask, 'dtype', type(mask).__name__)}"
+        )
+    ok = mask.dim() == 4
+    if ok:
+        try:
+            ok = torch.broadcast_shapes(mask.shape, scores) == torch.Size(scores)
+        except RuntimeError:
+            ok = False
+    if not ok:
+        B, _, T, S = scores
+        raise ValueError(
+            f"{fn}: {name} must have 4 dimensions broadcastable to (batch, n_heads, "
+            f"T, S) = {tuple(scores)}, such as ({B}, 1, 1, {S}) for padding or (1, 1, "
+            f"{T}, {S}); got {tuple(mask.shape)}. A (batch, S) padding mask goes in "
+            "key_padding_mask= (bool, True = padding)"
+        )
+
+
+@contextlib.contextmanager
+def _generating(model: nn.Module):
+    """For one ``generate`` call: every submodule in eval mode (no dropout, so cached
+    and uncached decoding agree), and no vocabulary check on the tokens the model
+    writes itself. Each submodule's mode is restored afterwards."""
+    modes = [(module, module.training) for module in model.modules()]
+    trusted = model.__dict__.get("_ids_trusted", False)
+    model.eval()
+    model._ids_trusted = True
+    try:
+        yield
+    finally:
+        model._ids_trusted = trusted
+        for module, mode in modes:
+            module.training = mode
 
 
 @dataclass
@@ -130,9 +230,16 @@ class TransformerConfig:
     rope_dim: int = 16  # MLA: the width of the decoupled rotary part
 
     def __post_init__(self):
+        self.check()
+
+    def check(self) -> None:
+        """Validate every field (``ValueError`` naming the field, the expected and the
+        received value). Runs on construction; the models run it again, in case a
+        field was changed since."""
+        fn = "TransformerConfig"
         if self.positional not in POSITIONAL_SCHEMES:
             raise ValueError(
-                f"positional must be one of {POSITIONAL_SCHEMES}, got "
+                f"{fn}: positional must be one of {POSITIONAL_SCHEMES}, got "
                 f"{self.positional!r}"
             )
         for name, allowed in (
@@ -144,17 +251,75 @@ class TransformerConfig:
         ):
             if getattr(self, name) not in allowed:
                 raise ValueError(
-                    f"{name} must be one of {allowed}, got {getattr(self, name)!r}"
+                    f"{fn}: {name} must be one of {allowed}, got "
+                    f"{getattr(self, name)!r}"
                 )
+        _check_sizes(
+            fn,
+            vocab_size=self.vocab_size,
+            d_model=self.d_model,
+            n_heads=self.n_heads,
+            n_layers=self.n_layers,
+            max_len=self.max_len,
+            t5_num_buckets=self.t5_num_buckets,
+            t5_max_distance=self.t5_max_distance,
+            rope_dim=self.rope_dim,
+        )
+        optional = ("n_kv_heads", "d_ff", "kv_latent_dim", "q_latent_dim")
+        _check_sizes(
+            fn,
+            **{n: getattr(self, n) for n in optional if getattr(self, n) is not None},
+        )
         if self.d_model % self.n_heads:
             raise ValueError(
-                f"d_model={self.d_model} must be divisible by n_heads={self.n_heads}"
+                f"{fn}: d_model={self.d_model} must be divisible by "
+                f"n_heads={self.n_heads}"
+            )
+        if self.n_kv_heads is not None and self.n_heads % self.n_kv_heads:
+            raise ValueError(
+                f"{fn}: n_heads={self.n_heads} must be a multiple of "
+                f"n_kv_heads={self.n_kv_heads}"
+            )
+        _check_rate(fn, "dropout", self.dropout)
+        if not _is_real(self.rope_base) or not 0.0 < self.rope_base < math.inf:
+            raise ValueError(
+                f"{fn}: rope_base must be a finite number > 0, got {self.rope_base!r}"
+            )
+        if not isinstance(self.tie_weights, bool):
+            raise TypeError(
+                f"{fn}: tie_weights must be a bool, got {self.tie_weights!r}"
+            )
+        head_dim = self.d_model // self.n_heads
+        if self.positional == "rope" and self.attention == "mha" and head_dim % 2:
+            raise ValueError(
+                f"{fn}: positional='rope' rotates pairs, so head_dim = d_model // "
+                f"n_heads must be even, got {self.d_model} // {self.n_heads} = "
+                f"{head_dim}"
+            )
+        if self.positional == "sinusoidal" and self.d_model % 2:
+            raise ValueError(
+                f"{fn}: positional='sinusoidal' needs an even d_model (sin/cos pairs), "
+                f"got {self.d_model}"
+            )
+        if self.positional == "t5" and (
+            self.t5_num_buckets < 2 or self.t5_max_distance <= self.t5_num_buckets // 2
+        ):
+            raise ValueError(
+                f"{fn}: positional='t5' needs t5_num_buckets >= 2 and "
+                "t5_max_distance > t5_num_buckets // 2 (the exact buckets), got "
+                "t5_num_buckets="
+                f"{self.t5_num_buckets}, t5_max_distance={self.t5_max_distance}"
+            )
+        if self.attention == "mla" and self.rope_dim % 2:
+            raise ValueError(
+                f"{fn}: rope_dim must be even (RoPE rotates pairs), got {self.rope_dim}"
             )
         if self.attention == "mla" and (
             self.positional != "rope" or self.n_kv_heads is not None
         ):
             raise ValueError(
-                "attention='mla' needs positional='rope' (its decoupled rotary part) "
+                f"{fn}: attention='mla' needs positional='rope' (its decoupled rotary "
+                "part) "
                 "and n_kv_heads=None (every head reads the one latent), got "
                 f"positional={self.positional!r}, n_kv_heads={self.n_kv_heads}"
             )
@@ -166,6 +331,7 @@ class Attention(MultiHeadAttention):
     optional rotary embedding, an optional additive bias, a KV cache and head masks."""
 
     def __init__(self, config: TransformerConfig, *, is_causal: bool, layer: int = 0):
+        _check_config("Attention", config)
         super().__init__(
             config.d_model, config.n_heads, config.n_kv_heads, dropout=config.dropout
         )
@@ -185,16 +351,25 @@ class Attention(MultiHeadAttention):
         *,
         head_mask: torch.Tensor | None = None,
         return_weights: bool = False,
+        positions: torch.Tensor | None = None,
     ):
         """``x``: ``(B, T, d_model)``; ``bias``: additive, broadcastable to ``(B,
         n_heads, T, S)``.
 
         With a ``cache`` holding ``P`` positions, ``x`` holds positions ``P .. P+T-1``,
         their keys and values are appended to the cache and the queries attend to all
-        ``S = P + T`` cached keys. ``head_mask``: ``(n_heads,)`` or ``(B, n_heads)``
-        factors on each head's output before ``out_proj`` (0 removes the head).
-        ``return_weights=True`` also returns the weights ``(B, n_heads, T, S)``.
+        ``S = P + T`` cached keys. ``positions``: ``(B, T)`` positions for RoPE instead
+        of ``P .. P+T-1`` (a padded batch numbers only its real tokens; a cache that
+        numbers by slot, ``positions_in_cache``, ignores them). ``head_mask``:
+        ``(n_heads,)`` or ``(B, n_heads)`` factors on each head's output before
+        ``out_proj`` (0 removes the head). ``return_weights=True`` also returns the
+        weights ``(B, n_heads, T, S)``.
         """
+        if x.dim() != 3 or x.shape[-1] != self.d_model:
+            raise ValueError(
+                f"Attention: x must have shape (batch, seq, d_model={self.d_model}), "
+                f"got {tuple(x.shape)}"
+            )
         B, T, _ = x.shape
         offset = cache.length if cache is not None else 0
         q = self._split(self.q_proj(x), self.n_heads)
@@ -204,7 +379,12 @@ class Attention(MultiHeadAttention):
         # in a cache that numbers positions by slot (attention sinks): it stores them
         # unrotated and they are rotated by their place in the cache at every step
         in_cache = getattr(cache, "positions_in_cache", False)
-        if self.rotary is not None and not in_cache:
+        if self.rotary is not None and not in_cache and positions is not None:
+            q, k = (
+                self.rotary(q, positions[:, None]),
+                self.rotary(k, positions[:, None]),
+            )
+        elif self.rotary is not None and not in_cache:
             q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
         if cache is not None:
             k, v = cache.update(self.layer, k, v)
@@ -248,11 +428,11 @@ class Attention(MultiHeadAttention):
         if head_mask is not None:
             if head_mask.shape[-1] != self.n_heads or head_mask.dim() > 2:
                 raise ValueError(
-                    f"head_mask must have shape (n_heads={self.n_heads},) or (batch, "
-                    f"n_heads), got {tuple(head_mask.shape)}"
+                    f"Attention: head_mask must have shape (n_heads={self.n_heads},) "
+                    f"or (batch, n_heads), got {tuple(head_mask.shape)}"
                 )
             out = out * head_mask.to(out)[..., None, None]
-        return self.out_proj(out.transpose(1, 2).reshape(B, T, -1))
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, self.d_model))
 
 
 class LatentAttention(MultiHeadLatentAttention):
@@ -263,6 +443,7 @@ class LatentAttention(MultiHeadLatentAttention):
     cache, which it reads with the up-projections absorbed."""
 
     def __init__(self, config: TransformerConfig, *, is_causal: bool, layer: int = 0):
+        _check_config("LatentAttention", config)
         head_dim = config.d_model // config.n_heads
         super().__init__(
             config.d_model,
@@ -284,8 +465,11 @@ class LatentAttention(MultiHeadLatentAttention):
         *,
         head_mask: torch.Tensor | None = None,
         return_weights: bool = False,
+        positions: torch.Tensor | None = None,
     ):
-        """As :meth:`Attention.forward`."""
+        """As :meth:`Attention.forward`, except ``positions``, which is ignored: the
+        decoupled rotary part numbers the slots (relative, so padding only changes the
+        rounding of its float32 angles)."""
         return super().forward(
             x,
             bias,
@@ -313,6 +497,11 @@ class RMSNorm(nn.Module):
 
     def __init__(self, dim: int, eps: float | None = None):
         super().__init__()
+        _check_sizes("RMSNorm", dim=dim)
+        if eps is not None and (not _is_real(eps) or not 0.0 < eps < math.inf):
+            raise ValueError(
+                f"RMSNorm: eps must be None or a finite number > 0, got {eps!r}"
+            )
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
@@ -334,6 +523,7 @@ class MLP(nn.Module):
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        _check_config("MLP", config)
         self.gated = config.mlp == "swiglu"
         if self.gated:
             hidden = config.d_ff or 8 * config.d_model // 3
@@ -361,6 +551,7 @@ class Block(nn.Module):
 
     def __init__(self, config: TransformerConfig, *, is_causal: bool, layer: int = 0):
         super().__init__()
+        _check_config("Block", config)
         self.ln1, self.ln2 = _norm(config), _norm(config)
         self.post = config.norm_position == "post"
         self.attn = _self_attention(config, is_causal=is_causal, layer=layer)
@@ -376,12 +567,19 @@ class Block(nn.Module):
         *,
         head_mask: torch.Tensor | None = None,
         return_weights: bool = False,
+        positions: torch.Tensor | None = None,
     ):
         """``(B, T, d_model)`` -> the same shape, or ``(x, weights)`` with
-        ``return_weights=True``; ``head_mask`` as in :class:`Attention`."""
+        ``return_weights=True``; ``head_mask`` and ``positions`` (RoPE's, of a padded
+        batch) as in :class:`Attention`."""
         inner = x if self.post else self.ln1(x)
         out = self.attn(
-            inner, bias, cache, head_mask=head_mask, return_weights=return_weights
+            inner,
+            bias,
+            cache,
+            head_mask=head_mask,
+            return_weights=return_weights,
+            positions=positions,
         )
         out, weights = out if return_weights else (out, None)
         if self.post:  # each sub-layer's output joins the residual, then normalized
@@ -400,9 +598,22 @@ class _Transformer(nn.Module):
     vocabulary."""
 
     is_causal: bool
+    _ids_trusted = False  # set by generate: skip the vocabulary check of its own tokens
 
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        name = type(self).__name__
+        _check_config(name, config)
+        config.check()
+        if (
+            config.positional == "t5"
+            and not self.is_causal
+            and config.t5_num_buckets < 4
+        ):
+            raise ValueError(
+                f"{name}: a bidirectional T5 bias splits its buckets between the two "
+                f"directions and needs t5_num_buckets >= 4, got {config.t5_num_buckets}"
+            )
         self.config = config
         self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
         if config.positional == "learned":
@@ -449,16 +660,19 @@ class _Transformer(nn.Module):
                     module.bias.zero_()
 
     def _positions(
-        self, x: torch.Tensor, start: int = 0
+        self, x: torch.Tensor, start: int = 0, positions: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Add absolute encodings to ``x`` (B, T, d), which holds positions ``start ..
-        start+T-1``, and build the additive bias (1, h, T, start+T), if any
-        (bottom-right aligned: the queries are the last ``T`` positions)."""
+        start+T-1`` (or ``positions`` (B, T), those of a padded batch), and build the
+        additive bias (1, h, T, start+T), if any (bottom-right aligned: the queries are
+        the last ``T`` positions)."""
         T, scheme = x.shape[1], self.config.positional
+        if positions is None and scheme in ("sinusoidal", "learned"):
+            positions = torch.arange(start, start + T, device=x.device)
         if scheme == "sinusoidal":
-            x = x + sinusoidal_encoding(start + T, self.config.d_model)[start:].to(x)
+            x = x + sinusoidal_encoding(start + T, self.config.d_model).to(x)[positions]
         elif scheme == "learned":
-            x = x + self.pos_emb(torch.arange(start, start + T, device=x.device))
+            x = x + self.pos_emb(positions)
         if scheme == "t5":
             return x, self.rel_bias(T, start + T)
         if scheme == "alibi":
@@ -473,44 +687,102 @@ class _Transformer(nn.Module):
         attn_mask: torch.Tensor | None = None,
         cache: KVCache | None = None,
         *,
+        key_padding_mask: torch.Tensor | None = None,
         head_mask: torch.Tensor | None = None,
         return_weights: bool = False,
         hidden: bool = False,
     ):
-        """``idx``: ``(B, T)`` token ids -> logits ``(B, T, vocab_size)`` (with
-        ``hidden=True``: the final hidden states ``(B, T, d_model)``, what an
-        encoder-decoder's cross-attention reads).
+        """``idx``: ``(B, T)`` token ids in ``[0, vocab_size)`` -> logits ``(B, T,
+        vocab_size)`` (with ``hidden=True``: the final hidden states ``(B, T,
+        d_model)``, what an encoder-decoder's cross-attention reads).
 
-        ``attn_mask``: optional bool ``(B, 1, 1, S)`` key-padding mask (True = real
-        token). ``cache``: a :class:`attnbook.kvcache.KVCache` holding the ``P`` earlier
-        positions (``S = P + T``); it is updated in place. ``head_mask``: ``(n_layers,
-        n_heads)`` or ``(n_layers, B, n_heads)``, row ``l`` scales the heads of layer
-        ``l`` (1 keeps a head, 0 removes it). ``return_weights=True`` returns
-        ``(logits, weights)`` with the weights of every layer, ``(n_layers, B, n_heads,
-        T, S)``.
+        ``cache``: a :class:`attnbook.kvcache.KVCache` holding the ``P`` earlier
+        positions (``S = P + T``); it is updated in place. The masks, as in
+        :mod:`attnbook.contract`, combine with each other and with the causal mask:
+
+        * ``key_padding_mask``: bool ``(B, S)``, True where a key is padding (with a
+          cache, ``S`` counts the cached positions too). Padding is no position:
+          ``sinusoidal``, ``learned`` and ``rope`` number only the real tokens, and
+          the biases of ``t5`` and ``alibi`` see distances that left or right padding
+          leaves unchanged, so each row's outputs at its real tokens equal those of the
+          sequence run alone (with ``attention="mla"`` up to the rounding of its
+          rotary angles, which number slots). A query with no real key to see (left
+          padding, causal) gets zeros from attention; outputs at padding mean
+          nothing.
+        * ``attn_mask``: bool (True = may attend) or additive float with four
+          dimensions, broadcastable to ``(B, n_heads, T, S)``, e.g. ``(B, 1, 1, S)``
+          (True = real token) as a padding mask that keeps the slot positions. A
+          ``(B, S)`` mask is refused: broadcast as ``(T, S)`` it would be another mask
+          whenever ``B == T``.
+
+        ``head_mask``: ``(n_layers, n_heads)`` or ``(n_layers, B, n_heads)``, row ``l``
+        scales the heads of layer ``l`` (1 keeps a head, 0 removes it).
+        ``return_weights=True`` returns ``(logits, weights)`` with the weights of every
+        layer, ``(n_layers, B, n_heads, T, S)``. An empty batch (``B = 0``) gives
+        empty outputs and leaves ``cache`` as it is. Token ids outside the vocabulary
+        raise ``ValueError`` (one min/max per call).
         """
-        if idx.dim() != 2:
+        fn = f"{type(self).__name__}.forward"
+        cfg, n_layers = self.config, len(self.blocks)
+        _check_ids(fn, "idx", idx, cfg.vocab_size, check_range=not self._ids_trusted)
+        (B, T), P = idx.shape, cache.length if cache is not None else 0
+        scores = (B, cfg.n_heads, T, P + T)
+        if head_mask is not None and (
+            not isinstance(head_mask, torch.Tensor)
+            or head_mask.dim() not in (2, 3)
+            or head_mask.shape[0] != n_layers
+            or head_mask.shape[-1] != cfg.n_heads
+            or (head_mask.dim() == 3 and head_mask.shape[1] not in (1, B))
+        ):
             raise ValueError(
-                f"idx must have shape (batch, seq), got {tuple(idx.shape)}"
+                f"{fn}: head_mask must have shape (n_layers={n_layers}, "
+                f"n_heads={cfg.n_heads}) or (n_layers={n_layers}, batch={B}, "
+                f"n_heads={cfg.n_heads}), got {tuple(getattr(head_mask, 'shape', ()))}"
             )
-        n_layers = len(self.blocks)
-        if head_mask is not None and head_mask.shape[0] != n_layers:
-            raise ValueError(
-                f"head_mask must have shape (n_layers={n_layers}, [batch,] n_heads), "
-                f"got {tuple(head_mask.shape)}"
-            )
-        x, bias = self._positions(
-            self.tok_emb(idx), cache.length if cache is not None else 0
-        )
         if attn_mask is not None:
-            padding = torch.zeros(
-                attn_mask.shape, dtype=x.dtype, device=x.device
-            ).masked_fill(~attn_mask, float("-inf"))
+            _check_4d_mask(fn, "attn_mask", attn_mask, scores)
+        if key_padding_mask is not None:
+            check_key_padding_mask(fn, key_padding_mask, B, P + T)
+        if B == 0:
+            out = self.head.weight.new_zeros(
+                0, T, cfg.d_model if hidden else cfg.vocab_size
+            )
+            if return_weights and not hidden:
+                return out, out.new_zeros(n_layers, *scores)
+            return out
+        positions = None  # padding is no position: number the real tokens only
+        if key_padding_mask is not None:
+            key_padding_mask = key_padding_mask.to(idx.device)
+            if cfg.positional in ("sinusoidal", "learned", "rope"):
+                real = (~key_padding_mask).cumsum(-1)  # real tokens up to each slot
+                positions = (real[:, P:] - 1).clamp_min(0)
+        x, bias = self._positions(self.tok_emb(idx), P, positions)
+        if attn_mask is not None:
+            padding = (
+                torch.zeros(
+                    attn_mask.shape, dtype=x.dtype, device=x.device
+                ).masked_fill(~attn_mask.to(x.device), float("-inf"))
+                if attn_mask.dtype == torch.bool
+                else attn_mask.to(x)
+            )
+            bias = padding if bias is None else bias + padding
+        if key_padding_mask is not None:
+            padding = torch.zeros(B, 1, 1, P + T, dtype=x.dtype, device=x.device)
+            padding = padding.masked_fill(
+                key_padding_mask[:, None, None], float("-inf")
+            )
             bias = padding if bias is None else bias + padding
         weights = []
         for layer, block in enumerate(self.blocks):
             mask = None if head_mask is None else head_mask[layer]
-            x = block(x, bias, cache, head_mask=mask, return_weights=return_weights)
+            x = block(
+                x,
+                bias,
+                cache,
+                head_mask=mask,
+                return_weights=return_weights,
+                positions=positions if cfg.positional == "rope" else None,
+            )
             if return_weights:
                 x, w = x
                 weights.append(w)
@@ -550,37 +822,57 @@ class TinyGPT(_Transformer):
         cropped to the last ``max_len`` tokens (nanoGPT's rule), which moves every token
         to a new position, so each step recomputes everything; with a cache that is
         impossible and going past ``max_len`` raises ``ValueError``.
+
+        The model runs in eval mode for the call (dropout off, so both ways give the
+        same tokens; a KV cache would otherwise see other dropout masks than the full
+        recomputation) and every submodule gets its previous mode back afterwards:
+        generating in the middle of training leaves the model training. ``idx`` must
+        hold ids in ``[0, vocab_size)``; ``top_k`` is ``None`` or a positive integer
+        (values above ``vocab_size`` keep every token); an empty batch returns ``(0,
+        T0 + max_new_tokens)``.
         """
-        if idx.dim() != 2 or idx.shape[1] < 1:
+        fn = "TinyGPT.generate"
+        _check_ids(fn, "idx", idx, self.config.vocab_size)
+        if (
+            isinstance(max_new_tokens, bool)
+            or not isinstance(max_new_tokens, numbers.Integral)
+            or max_new_tokens < 0
+        ):
             raise ValueError(
-                "idx must have shape (batch, seq) with seq >= 1, got "
-                f"{tuple(idx.shape)}"
+                f"{fn}: max_new_tokens must be a non-negative integer, got "
+                f"{max_new_tokens!r}"
             )
-        if max_new_tokens < 0 or temperature < 0:
+        if not _is_real(temperature) or not 0.0 <= temperature < math.inf:
             raise ValueError(
-                "max_new_tokens and temperature must be non-negative, got "
-                f"{max_new_tokens}, {temperature}"
+                f"{fn}: temperature must be a finite number >= 0 (0: greedy), got "
+                f"{temperature!r}"
             )
+        if top_k is not None:
+            _check_sizes(fn, top_k=top_k)
         cfg, total = self.config, idx.shape[1] + max_new_tokens
         learned = cfg.positional == "learned"
         if use_cache and learned and total - 1 > cfg.max_len:
             raise ValueError(
-                "a cached learned-position model cannot go past "
+                f"{fn}: a cached learned-position model cannot go past "
                 f"max_len={cfg.max_len} positions "
                 f"(prompt {idx.shape[1]} + {max_new_tokens} new tokens): use "
                 "use_cache=False, which crops"
             )
+        if idx.shape[0] == 0:
+            return idx.new_empty(0, total)
         cache = None
         if use_cache:
             cache = self.make_cache(idx.shape[0], max(total - 1, 1), device=idx.device)
         tokens, new = idx, idx
-        for _ in range(max_new_tokens):
-            if use_cache:
-                logits = self(new, cache=cache)[:, -1]
-            else:
-                logits = self(tokens[:, -cfg.max_len :] if learned else tokens)[:, -1]
-            new = _next_token(logits, temperature, top_k, generator)
-            tokens = torch.cat((tokens, new), dim=1)
+        with _generating(self):  # eval mode for the call, the old modes restored
+            for _ in range(max_new_tokens):
+                if use_cache:
+                    logits = self(new, cache=cache)[:, -1]
+                else:
+                    context = tokens[:, -cfg.max_len :] if learned else tokens
+                    logits = self(context)[:, -1]
+                new = _next_token(logits, temperature, top_k, generator)
+                tokens = torch.cat((tokens, new), dim=1)
         return tokens
 
     def make_cache(
@@ -589,6 +881,7 @@ class TinyGPT(_Transformer):
         """An empty cache for ``batch`` sequences of up to ``max_len`` positions, in the
         model's dtype (and device, unless given): a :class:`attnbook.kvcache.KVCache`,
         or with ``attention="mla"`` a :class:`attnbook.serving.LatentKVCache`."""
+        _check_sizes(f"{type(self).__name__}.make_cache", batch=batch, max_len=max_len)
         cfg, weight = self.config, self.tok_emb.weight
         device = weight.device if device is None else device
         if cfg.attention == "mla":
@@ -645,6 +938,7 @@ class DecoderBlock(nn.Module):
 
     def __init__(self, config: TransformerConfig, *, layer: int = 0):
         super().__init__()
+        _check_config("DecoderBlock", config)
         self.ln1, self.ln2, self.ln3 = _norm(config), _norm(config), _norm(config)
         self.post = config.norm_position == "post"
         self.attn = _self_attention(config, is_causal=True, layer=layer)
@@ -662,9 +956,13 @@ class DecoderBlock(nn.Module):
         return_weights: bool = False,
     ):
         """``x (B, T, d_model)``, ``memory (B, S, d_model)``, ``memory_mask`` bool
-        ``(B, 1, 1, S)`` (True = a real source token) -> ``(B, T, d_model)``; with
-        ``return_weights=True`` also the cross-attention weights ``(B, n_heads, T,
-        S)``."""
+        ``(B, 1, 1, S)`` (True = a real source token; any bool or additive mask with
+        four dimensions broadcastable to ``(B, n_heads, T, S)``) -> ``(B, T,
+        d_model)``; with ``return_weights=True`` also the cross-attention weights ``(B,
+        n_heads, T, S)``."""
+        if memory_mask is not None:
+            scores = (x.shape[0], self.cross.n_heads, x.shape[1], memory.shape[1])
+            _check_4d_mask("DecoderBlock.forward", "memory_mask", memory_mask, scores)
         if self.post:
             x = self.ln1(x + self.attn(x))
             out, weights = self.cross(x, memory, memory_mask, return_weights=True)
@@ -689,11 +987,15 @@ class TinySeq2Seq(nn.Module):
     vocabulary); the positional scheme must be ``"rope"`` or ``"none"``, which live
     inside the attention layers."""
 
+    _ids_trusted = False  # set by generate: skip the vocabulary check of its own tokens
+
     def __init__(self, config: TransformerConfig):
         super().__init__()
+        _check_config("TinySeq2Seq", config)
+        config.check()
         if config.positional not in ("rope", "none"):
             raise ValueError(
-                "TinySeq2Seq takes positional='rope' or 'none', got "
+                "TinySeq2Seq: positional must be 'rope' or 'none', got "
                 f"{config.positional!r}"
             )
         self.config = config
@@ -717,10 +1019,16 @@ class TinySeq2Seq(nn.Module):
         return_weights: bool = False,
     ):
         """``src (B, S)`` and ``tgt (B, T)`` token ids, ``src_mask`` bool ``(B, S)``
-        (True = real token) -> logits ``(B, T, vocab_size)`` for the token after each
-        target position; with ``return_weights=True`` also the cross-attention weights
-        of every layer, ``(n_layers, B, n_heads, T, S)``."""
+        (True = real token, as :meth:`attnbook.data.Task.encode` makes it; the
+        opposite of a ``key_padding_mask``) -> logits ``(B, T, vocab_size)`` for the
+        token after each target position; with ``return_weights=True`` also the
+        cross-attention weights of every layer, ``(n_layers, B, n_heads, T, S)``."""
         memory, mask = self.encode(src, src_mask)
+        if isinstance(tgt, torch.Tensor) and tgt.dim() == 2 and len(tgt) != len(src):
+            raise ValueError(
+                f"TinySeq2Seq.forward: src {tuple(src.shape)} and tgt "
+                f"{tuple(tgt.shape)} must have the same batch size"
+            )
         return self.decode(tgt, memory, mask, return_weights=return_weights)
 
     def encode(
@@ -728,6 +1036,19 @@ class TinySeq2Seq(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The encoder's final states ``(B, S, d_model)`` and the source mask as the
         decoder's cross-attention takes it, ``(B, 1, 1, S)`` (or ``None``)."""
+        fn = "TinySeq2Seq.encode"
+        _check_ids(fn, "src", src, self.config.vocab_size)
+        if src_mask is not None and (
+            not isinstance(src_mask, torch.Tensor)
+            or src_mask.dtype != torch.bool
+            or src_mask.shape != src.shape
+        ):
+            raise ValueError(
+                f"{fn}: src_mask must be a bool tensor of src's shape (batch, S) = "
+                f"{tuple(src.shape)} (True = real token), got "
+                f"{getattr(src_mask, 'dtype', type(src_mask).__name__)} "
+                f"{tuple(getattr(src_mask, 'shape', ()))}"
+            )
         mask = None if src_mask is None else src_mask[:, None, None, :]
         return self.encoder(src, mask, hidden=True), mask
 
@@ -740,6 +1061,19 @@ class TinySeq2Seq(nn.Module):
         return_weights: bool = False,
     ):
         """The decoder alone, on the encoder's output (:meth:`encode`)."""
+        fn = "TinySeq2Seq.decode"
+        cfg = self.config
+        _check_ids(fn, "tgt", tgt, cfg.vocab_size, check_range=not self._ids_trusted)
+        if (
+            not isinstance(memory, torch.Tensor)
+            or memory.dim() != 3
+            or memory.shape[0] != tgt.shape[0]
+            or memory.shape[2] != cfg.d_model
+        ):
+            raise ValueError(
+                f"{fn}: memory must have shape (batch, S, d_model) = ({tgt.shape[0]}, "
+                f"S, {cfg.d_model}), got {tuple(getattr(memory, 'shape', ()))}"
+            )
         x, weights = self.tok_emb(tgt), []
         for block in self.blocks:
             x, w = block(x, memory, mask, return_weights=True)
@@ -760,19 +1094,33 @@ class TinySeq2Seq(nn.Module):
         """Greedy decoding: ``(B, T')`` tokens ``y_1 ... eos`` then ``PAD``, ``T' <=
         max_len`` (it stops when every sequence has written ``eos``). The source is
         encoded once; the decoder reruns on the growing prefix (a few dozen tokens:
-        no cache needed)."""
-        if max_len < 1:
-            raise ValueError(f"max_len must be >= 1, got {max_len}")
-        memory, mask = self.encode(src, src_mask)
-        tgt = torch.full((src.shape[0], 1), bos, dtype=torch.long, device=src.device)
-        done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
-        for _ in range(max_len):
-            new = self.decode(tgt, memory, mask)[:, -1].argmax(-1)
-            new = new.masked_fill(done, PAD)
-            tgt = torch.cat([tgt, new[:, None]], dim=1)
-            done |= new == eos
-            if done.all():
-                break
+        no cache needed). The model runs in eval mode for the call, and every
+        submodule gets its previous mode back afterwards."""
+        fn, vocab = "TinySeq2Seq.generate", self.config.vocab_size
+        _check_sizes(fn, max_len=max_len)
+        for name, token in (("bos", bos), ("eos", eos)):
+            if (
+                isinstance(token, bool)
+                or not isinstance(token, numbers.Integral)
+                or not 0 <= token < vocab
+            ):
+                raise ValueError(
+                    f"{fn}: {name} must be a token id in [0, {vocab}) "
+                    f"(vocab_size={vocab}), got {token!r}"
+                )
+        with _generating(self):  # eval mode for the call, the old modes restored
+            memory, mask = self.encode(src, src_mask)
+            tgt = torch.full(
+                (src.shape[0], 1), bos, dtype=torch.long, device=src.device
+            )
+            done = torch.zeros(src.shape[0], dtype=torch.bool, device=src.device)
+            for _ in range(max_len):
+                new = self.decode(tgt, memory, mask)[:, -1].argmax(-1)
+                new = new.masked_fill(done, PAD)
+                tgt = torch.cat([tgt, new[:, None]], dim=1)
+                done |= new == eos
+                if done.all():
+                    break
         return tgt[:, 1:]
 
 
@@ -812,7 +1160,7 @@ def head_importance(
     finally:
         model.train(was_training)
     if not sizes:
-        raise ValueError("batches is empty")
+        raise ValueError("head_importance: batches is empty (expected one or more)")
     return torch.stack(sizes).mean(0)
 
 
@@ -857,8 +1205,17 @@ def drophead_mask(
     ``n_heads / n_kept`` so that the layer's output keeps its size (a layer that loses
     every head gives zeros). Pass it as ``model(x, head_mask=...)`` in training only.
     """
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"p must be in [0, 1), got {p}")
+    _check_sizes("drophead_mask", n_layers=n_layers, n_heads=n_heads)
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, numbers.Integral)
+        or batch_size < 0
+    ):
+        raise ValueError(
+            f"drophead_mask: batch_size must be a non-negative integer, got "
+            f"{batch_size!r}"
+        )
+    _check_rate("drophead_mask", "p", p)
     shape = (n_layers, batch_size, n_heads)
     keep = torch.rand(shape, generator=generator, device=device) >= p
     kept = keep.sum(-1, keepdim=True)
@@ -877,14 +1234,27 @@ def induction_scores(weights: torch.Tensor, period: int) -> dict[str, torch.Tens
     1``. Both are averaged over the batch and the queries: ``(n_layers, n_heads)``
     each, 1 for a head that does exactly that.
     """
-    if weights.dim() != 5 or weights.shape[-1] != weights.shape[-2]:
+    fn = "induction_scores"
+    if (
+        not isinstance(weights, torch.Tensor)
+        or weights.dim() != 5
+        or weights.shape[-1] != weights.shape[-2]
+        or weights.shape[1] == 0
+    ):
         raise ValueError(
-            "weights must be (n_layers, batch, n_heads, T, T) self-attention, got "
-            f"{tuple(weights.shape)}"
+            f"{fn}: weights must be (n_layers, batch, n_heads, T, T) self-attention "
+            f"with batch >= 1, got {tuple(getattr(weights, 'shape', ()))}"
         )
     T = weights.shape[-1]
-    if not 1 <= period < T:
-        raise ValueError(f"period must be between 1 and T - 1 = {T - 1}, got {period}")
+    if (
+        isinstance(period, bool)
+        or not isinstance(period, numbers.Integral)
+        or not 1 <= period < T
+    ):
+        raise ValueError(
+            f"{fn}: period must be between 1 and T - 1 = {T - 1} (an integer), got "
+            f"{period!r}"
+        )
     queries = torch.arange(period, T)
     prefix = weights[..., queries, queries - period + 1].mean(dim=(1, 3))
     later = torch.arange(1, T)

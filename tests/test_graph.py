@@ -204,3 +204,132 @@ def test_gat_classifier_defaults_to_the_papers_cora_layout():
     x = torch.eye(34)
     edge_index = karate_club()["edge_index"]
     assert model.layer1(x, edge_index).shape == (34, 64)
+
+
+# --- float64 accuracy, and bad input ------------------------------------------------------------
+def _dense_gcn_reference(layer, x, edge_index):
+    """``D^-1/2 (A + I) D^-1/2 X W^T + b`` in float64 with dense matrices built edge by edge:
+    ``A[i, j]`` counts the edges ``j -> i`` (a repeated edge counts twice). With
+    ``add_self_loops`` the listed self-loops are dropped and ``I`` added; without, ``A`` is used
+    as listed and a node of degree 0 gets zeros."""
+    N = x.shape[0]
+    A = torch.zeros(N, N, dtype=torch.float64)
+    for j, i in edge_index.T.tolist():
+        if i != j or not layer.add_self_loops:
+            A[i, j] += 1.0
+    if layer.add_self_loops:
+        A += torch.eye(N, dtype=torch.float64)
+    deg = A.sum(1)
+    inv_sqrt = torch.zeros(N, dtype=torch.float64)
+    for n in range(N):
+        if deg[n] > 0:
+            inv_sqrt[n] = 1.0 / deg[n].sqrt()
+    propagation = torch.diag(inv_sqrt) @ A @ torch.diag(inv_sqrt)
+    out = propagation @ x.double() @ layer.lin.weight.double().T
+    return out if layer.bias is None else out + layer.bias.double()
+
+
+@pytest.mark.parametrize("add_loops", [True, False])
+@pytest.mark.parametrize("seed", range(4))
+def test_float64_gcn_matches_the_dense_reference_to_float64_precision(seed, add_loops):
+    """Degrees used to be counted in float32 whatever the input: float64 was off by 1e-7."""
+    g = torch.Generator().manual_seed(seed)
+    N = 9
+    edges = torch.randint(0, N - 2, (2, 25), generator=g)  # nodes 7 and 8 stay isolated
+    repeated = edges[:, :4]  # multi-edges: counted twice in the degree and in the sum
+    loops = torch.tensor([[1, 1, 3], [1, 1, 3]])  # self-loops already present, one duplicated
+    edge_index = torch.cat([edges, repeated, loops], dim=1)
+    layer = _randomize(graph.GCNLayer(5, 3, add_self_loops=add_loops), g).double()
+    x = torch.randn(N, 5, generator=g, dtype=torch.float64)
+    out = layer(x, edge_index)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, _dense_gcn_reference(layer, x, edge_index), rtol=0, atol=1e-13)
+    used, weight = layer.edge_weights(edge_index, N, dtype=torch.float64)
+    assert weight.dtype == torch.float64
+    assert layer.edge_weights(edge_index, N)[1].dtype == torch.get_default_dtype()
+
+
+def test_float64_gat_matches_the_loop_reference_to_float64_precision(gen):
+    ei = _simple_graph(gen, N=8)
+    layer = _randomize(graph.GATLayer(5, 4, heads=3), gen).double()
+    x = torch.randn(8, 5, generator=gen, dtype=torch.float64)
+    out = layer(x, ei)
+    assert out.dtype == torch.float64
+    torch.testing.assert_close(out, _reference_gat(layer, x, ei), rtol=0, atol=1e-12)
+    dense = layer.forward_dense(x, graph.to_dense_adjacency(ei, 8))
+    torch.testing.assert_close(dense, out, rtol=0, atol=1e-12)
+    q, k, v = (torch.randn(8, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    by_edges = graph.message_passing_attention(q, k, v, ei)
+    masked = scaled_dot_product_attention(q, k, v, graph.to_dense_adjacency(ei, 8))
+    torch.testing.assert_close(by_edges, masked, rtol=0, atol=1e-13)
+
+
+_X = torch.randn(4, 3)
+_EI = torch.tensor([[0, 1, 2], [1, 2, 3]])
+BAD_GRAPH_INPUTS = [
+    # (call, error, fragments every message must contain)
+    (lambda: graph.GCNLayer(0, 2), ValueError, ["GCNLayer", "in_dim", "positive integer", "0"]),
+    (lambda: graph.GCNLayer(3, -1), ValueError, ["GCNLayer", "out_dim", "-1"]),
+    (lambda: graph.GCNLayer(3.0, 2), ValueError, ["GCNLayer", "in_dim", "3.0"]),
+    (lambda: graph.GATLayer(3, 2, heads=0), ValueError, ["GATLayer", "heads", "0"]),
+    (lambda: graph.GATLayer(3, 2, dropout=float("nan")), ValueError, ["GATLayer", "dropout", "[0, 1)", "nan"]),
+    (lambda: graph.GATLayer(3, 2, dropout=-0.1), ValueError, ["GATLayer", "dropout", "-0.1"]),
+    (lambda: graph.GATLayer(3, 2, dropout=1.0), ValueError, ["GATLayer", "dropout", "1.0"]),
+    (lambda: graph.GATLayer(3, 2, negative_slope=float("inf")), ValueError, ["GATLayer", "negative_slope"]),
+    (lambda: graph.GNN("mlp", 3, 4, 2), ValueError, ["GNN", "kind", "'mlp'"]),
+    (lambda: graph.GNN("gat", 3, 4, 2, heads=0), ValueError, ["GNN", "heads", "0"]),
+    (lambda: graph.GNN("gcn", 3, 0, 2), ValueError, ["GNN", "hidden", "0"]),
+    (lambda: graph.GNN("gcn", 3, 4, 2, dropout=1.5), ValueError, ["GNN", "dropout", "1.5"]),
+    (lambda: graph.GCNLayer(3, 2)(_X, torch.tensor([[0, 4], [1, 1]])), ValueError,
+     ["GCNLayer", "edge_index", "0..3", "[0, 4]"]),
+    (lambda: graph.GATLayer(3, 2)(_X, torch.tensor([[-1, 0], [1, 1]])), ValueError,
+     ["GATLayer", "edge_index", "0..3", "[-1, 1]"]),
+    (lambda: graph.GATLayer(3, 2)(_X, _EI.int()), TypeError, ["GATLayer", "edge_index", "int64", "int32"]),
+    (lambda: graph.GCNLayer(3, 2)(_X, _EI[:1]), ValueError, ["GCNLayer", "edge_index", "(2, E)", "(1, 3)"]),
+    (lambda: graph.GCNLayer(3, 2)(_X[:, :2], _EI), ValueError, ["GCNLayer", "x", "in_dim=3", "(4, 2)"]),
+    (lambda: graph.GATLayer(3, 2)(_X.long(), _EI), TypeError, ["GATLayer", "x", "floating"]),
+    (lambda: graph.GNN("gcn", 3, 4, 2)(_X[0], _EI), ValueError, ["GNN", "x", "(N, in_dim=3)", "(3,)"]),
+    (lambda: graph.GATLayer(3, 2).forward_dense(_X, torch.ones(4, 4)), TypeError,
+     ["forward_dense", "adj", "bool", "float32"]),
+    (lambda: graph.GATLayer(3, 2).forward_dense(_X, torch.ones(4, 3, dtype=torch.bool)), ValueError,
+     ["forward_dense", "adj", "(4, 4)", "(4, 3)"]),
+    (lambda: graph.add_self_loops(_EI, 3), ValueError, ["add_self_loops", "edge_index", "0..2", "[0, 3]"]),
+    (lambda: graph.add_self_loops(_EI, -1), ValueError, ["add_self_loops", "num_nodes", "-1"]),
+    (lambda: graph.to_dense_adjacency(_EI, 2.5), ValueError, ["to_dense_adjacency", "num_nodes", "2.5"]),
+    (lambda: graph.complete_graph(-1), ValueError, ["complete_graph", "num_nodes", "-1"]),
+    (lambda: graph.edge_softmax(torch.randn(3), torch.tensor([0, 1, 5]), 3), ValueError,
+     ["edge_softmax", "target", "0..2", "[0, 5]"]),
+    (lambda: graph.edge_softmax(torch.randn(3), torch.tensor([0, 1]), 3), ValueError,
+     ["edge_softmax", "(E, ...)", "(3,)", "(2,)"]),
+    (lambda: graph.edge_softmax(torch.randn(3), torch.tensor([0.0, 1.0, 1.0]), 3), TypeError,
+     ["edge_softmax", "target", "int64"]),
+    (lambda: graph.message_passing_attention(_X, _X, _X, torch.tensor([[0, 9], [1, 1]])), ValueError,
+     ["message_passing_attention", "edge_index", "[0, 9]"]),
+    (lambda: graph.message_passing_attention(_X, _X, _X, _EI, scale=float("nan")), ValueError,
+     ["message_passing_attention", "scale", "nan"]),
+]
+
+
+@pytest.mark.parametrize("call,error,fragments", BAD_GRAPH_INPUTS,
+                         ids=[f"{i}-{f[0]}-{f[1]}" for i, (_, _, f) in enumerate(BAD_GRAPH_INPUTS)])
+def test_bad_graph_input_is_refused_with_a_clear_message(call, error, fragments):
+    with pytest.raises(error) as info:
+        call()
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} missing from: {message}"
+
+
+def test_empty_and_isolated_graphs_give_the_documented_result(gen):
+    """No edge at all: GCN gives each node its own features (the self-loop, weight 1), GAT
+    attends to itself only, and a graph of zero nodes gives zero rows."""
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    x = torch.randn(4, 3, generator=gen, dtype=torch.float64)
+    gcn = _randomize(graph.GCNLayer(3, 2), gen).double()
+    torch.testing.assert_close(gcn(x, empty), gcn.lin(x) + gcn.bias)
+    no_loops = _randomize(graph.GCNLayer(3, 2, add_self_loops=False), gen).double()
+    torch.testing.assert_close(no_loops(x, empty), no_loops.bias.expand(4, 2))  # no edge: zeros + b
+    gat = _randomize(graph.GATLayer(3, 2, heads=2), gen).double()
+    torch.testing.assert_close(gat(x, empty), gat.lin(x) + gat.bias)
+    assert gcn(x[:0], empty).shape == (0, 2) and gat(x[:0], empty).shape == (0, 4)
+    assert graph.complete_graph(0).shape == (2, 0) and graph.add_self_loops(empty, 0).shape == (2, 0)

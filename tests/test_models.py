@@ -502,3 +502,292 @@ def test_the_encoder_decoder_learns_to_reverse_a_string():
     with torch.no_grad():
         predicted = model(src, tgt[:, :-1]).argmax(-1)
     assert (predicted == tgt[:, 1:]).float().mean() > 0.9
+
+
+# --------------------------------------------------------------------------------------
+# Padding masks: key_padding_mask, and no (B, S) mask taken for a (T, S) one
+# --------------------------------------------------------------------------------------
+def _padded_batch(B, S, side, seed=0):
+    """``(B, S)`` ids and the key padding mask (True = padding): row ``b`` holds ``S - b``
+    real tokens (at least 1), padded on the right or the left."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, 11, (B, S), generator=g)
+    padding = torch.zeros(B, S, dtype=torch.bool)
+    for b in range(B):
+        n = max(1, S - b)
+        if side == "right":
+            padding[b, n:] = True
+        else:
+            padding[b, : S - n] = True
+    idx[padding] = 0  # whatever the padding holds, it must not matter
+    return idx, padding
+
+
+def _check_rows_equal_alone(model, idx, padding, atol):
+    out = model(idx, key_padding_mask=padding)
+    for b in range(idx.shape[0]):
+        real = ~padding[b]
+        alone = model(idx[b : b + 1, real])[0]  # the sequence without any padding
+        torch.testing.assert_close(out[b, real], alone, rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("B,S", [(3, 3), (2, 5)])  # B == S used to broadcast as a (T, S) mask
+@pytest.mark.parametrize("side", ["right", "left"])
+@pytest.mark.parametrize("scheme", POSITIONAL_SCHEMES)
+@pytest.mark.parametrize("cls", [TinyGPT, TinyEncoder])
+def test_key_padding_mask_gives_each_row_the_logits_of_its_sequence_alone(cls, scheme, side, B, S):
+    torch.manual_seed(0)
+    model = cls(config(positional=scheme)).double().eval()
+    idx, padding = _padded_batch(B, S, side)
+    _check_rows_equal_alone(model, idx, padding, atol=1e-10)
+
+
+@pytest.mark.parametrize("B,S", [(3, 3), (2, 5)])
+@pytest.mark.parametrize("side", ["right", "left"])
+def test_key_padding_mask_in_float32_and_with_latent_attention(side, B, S):
+    """float32 to 1e-5; MLA's decoupled rotary part numbers slots (its float32 angles round
+    differently at shifted positions), so it is checked in float32 only."""
+    torch.manual_seed(0)
+    _check_rows_equal_alone(TinyGPT(config()).eval(), *_padded_batch(B, S, side), atol=1e-5)
+    mla = TinyGPT(config(attention="mla", rope_dim=4)).eval()
+    _check_rows_equal_alone(mla, *_padded_batch(B, S, side), atol=1e-5)
+
+
+@pytest.mark.parametrize("scheme", POSITIONAL_SCHEMES)
+def test_key_padding_mask_with_a_cache_equals_the_full_pass(scheme):
+    """Prefill a left-padded batch, then decode through the cache with the mask grown to every
+    cached key: the logits at the real tokens equal the full pass's."""
+    torch.manual_seed(0)
+    model = TinyGPT(config(positional=scheme)).double().eval()
+    idx, padding = _padded_batch(3, 9, "left")
+    full = model(idx, key_padding_mask=padding)
+    cache = model.make_cache(3, 9)
+    pieces = [model(idx[:, a:b], cache=cache, key_padding_mask=padding[:, :b])
+              for a, b in [(0, 5), (5, 6), (6, 9)]]
+    torch.testing.assert_close(torch.cat(pieces, 1)[~padding], full[~padding], rtol=0, atol=1e-10)
+
+
+def test_a_four_dimensional_attn_mask_still_works_and_agrees_with_key_padding_mask():
+    """The callers' form, bool (B, 1, 1, S) with True = real token (TinySeq2Seq.encode), and an
+    additive float mask both keep working; with right padding they equal key_padding_mask."""
+    torch.manual_seed(0)
+    for cls in (TinyGPT, TinyEncoder):
+        model = cls(config(positional="learned")).double().eval()
+        idx, padding = _padded_batch(3, 3, "right")
+        keep = ~padding[:, None, None, :]
+        real = ~padding  # the outputs at padding positions mean nothing
+        expected = model(idx, key_padding_mask=padding)[real]
+        torch.testing.assert_close(model(idx, keep)[real], expected, rtol=0, atol=0)
+        additive = torch.zeros(keep.shape, dtype=torch.float64).masked_fill(~keep, float("-inf"))
+        torch.testing.assert_close(model(idx, additive)[real], expected, rtol=0, atol=0)
+        both = model(idx, keep, key_padding_mask=padding)[real]  # the same mask twice
+        torch.testing.assert_close(both, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("B,S", [(3, 3), (2, 5), (4, 1)])
+@pytest.mark.parametrize("cls", [TinyGPT, TinyEncoder])
+def test_a_two_dimensional_mask_is_refused_not_broadcast_as_query_by_key(cls, B, S):
+    model = cls(config()).eval()
+    idx = tokens(B=B, T=S)
+    with pytest.raises(ValueError) as info:
+        model(idx, torch.ones(B, S, dtype=torch.bool))
+    message = str(info.value)
+    for fragment in (f"{cls.__name__}.forward", "attn_mask", f"(batch, n_heads, T, S) = ({B}, 4, {S}, {S})",
+                     f"got ({B}, {S})", "key_padding_mask"):
+        assert fragment in message, message
+
+
+def test_the_decoders_memory_mask_and_src_mask_are_checked():
+    model = _seq2seq()
+    src, tgt = torch.randint(3, 12, (3, 3)), torch.randint(3, 12, (3, 3))
+    with pytest.raises(ValueError, match=r"src_mask must be a bool tensor of src's shape \(batch, S\) = \(3, 3\)"):
+        model(src, tgt, torch.ones(3, 1, 1, 3, dtype=torch.bool))
+    memory, _ = model.encode(src)
+    with pytest.raises(ValueError, match=r"memory_mask must have 4 dimensions .* got \(3, 3\)"):
+        model.blocks[0](model.tok_emb(tgt), memory, torch.ones(3, 3, dtype=torch.bool))
+
+
+# --------------------------------------------------------------------------------------
+# generate runs in eval mode and restores the caller's modes
+# --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("scheme", ["rope", "learned"])
+def test_generate_in_training_mode_gives_identical_cached_and_uncached_tokens(scheme):
+    torch.manual_seed(0)
+    model = TinyGPT(config(positional=scheme, dropout=0.5, max_len=32)).double()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    model.train()
+    model.blocks[1].mlp.eval()  # a submodule the caller froze: it must stay in eval
+    prompt = tokens(B=3, T=5)
+    cached = model.generate(prompt, 20, use_cache=True)
+    uncached = model.generate(prompt, 20, use_cache=False)
+    assert torch.equal(cached, uncached)
+    assert model.training and model.blocks[0].attn.training and model.blocks[1].ln1.training
+    assert not model.blocks[1].mlp.training and not model.blocks[1].mlp.dropout.training
+    torch.testing.assert_close(model.eval()(prompt), model(prompt))  # eval: deterministic
+    assert torch.equal(model.generate(prompt, 20), cached)  # eval mode gives the same tokens
+    assert not model.training
+    model.train()
+    with pytest.raises(ValueError):  # restored on error too
+        model.generate(prompt, 2, temperature=-1.0)
+    assert model.training
+
+
+def test_seq2seq_generate_runs_in_eval_mode_and_restores_training():
+    from attnbook.models import TinySeq2Seq
+
+    torch.manual_seed(0)
+    model = TinySeq2Seq(TransformerConfig(vocab_size=12, d_model=32, n_heads=4, dropout=0.5))
+    src = torch.randint(3, 12, (4, 6), generator=torch.Generator().manual_seed(1))
+    model.train()
+    out = model.generate(src, max_len=8)
+    assert model.training and model.encoder.training and model.blocks[0].cross.training
+    assert torch.equal(out, model.eval().generate(src, max_len=8))
+
+
+# --------------------------------------------------------------------------------------
+# Bad input: ValueError or TypeError naming the function, the argument, expected and got
+# --------------------------------------------------------------------------------------
+def _gpt(**kw):
+    torch.manual_seed(0)
+    return TinyGPT(config(**kw)).eval()
+
+
+_IDS = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(0))
+BAD_MODEL_INPUTS = [
+    # config fields
+    (lambda: config(n_heads=0), ValueError, ["TransformerConfig", "n_heads", "positive integer", "0"]),
+    (lambda: config(n_heads=-4), ValueError, ["TransformerConfig", "n_heads", "-4"]),
+    (lambda: config(d_model=18), ValueError, ["TransformerConfig", "d_model=18", "divisible", "n_heads=4"]),
+    (lambda: config(d_model=16.0), ValueError, ["TransformerConfig", "d_model", "16.0"]),
+    (lambda: config(max_len=-1), ValueError, ["TransformerConfig", "max_len", "-1"]),
+    (lambda: config(max_len=0, positional="none"), ValueError, ["TransformerConfig", "max_len", "0"]),
+    (lambda: config(n_layers=0), ValueError, ["TransformerConfig", "n_layers", "0"]),
+    (lambda: config(vocab_size=0), ValueError, ["TransformerConfig", "vocab_size", "0"]),
+    (lambda: config(n_kv_heads=0), ValueError, ["TransformerConfig", "n_kv_heads", "0"]),
+    (lambda: config(n_kv_heads=3), ValueError, ["TransformerConfig", "n_heads=4", "n_kv_heads=3"]),
+    (lambda: config(d_ff=0), ValueError, ["TransformerConfig", "d_ff", "0"]),
+    (lambda: config(dropout=float("nan")), ValueError, ["TransformerConfig", "dropout", "[0, 1)", "nan"]),
+    (lambda: config(dropout=-0.1), ValueError, ["TransformerConfig", "dropout", "-0.1"]),
+    (lambda: config(dropout=1.0), ValueError, ["TransformerConfig", "dropout", "1.0"]),
+    (lambda: config(rope_base=float("nan")), ValueError, ["TransformerConfig", "rope_base", "nan"]),
+    (lambda: config(rope_base=0.0), ValueError, ["TransformerConfig", "rope_base", "0.0"]),
+    (lambda: config(d_model=12, n_heads=4), ValueError, ["TransformerConfig", "head_dim", "even", "3"]),
+    (lambda: config(d_model=15, n_heads=5, positional="sinusoidal"), ValueError,
+     ["TransformerConfig", "sinusoidal", "even d_model", "15"]),
+    (lambda: config(positional="t5", t5_num_buckets=8, t5_max_distance=4), ValueError,
+     ["TransformerConfig", "t5_max_distance", "t5_num_buckets=8", "t5_max_distance=4"]),
+    (lambda: TinyEncoder(config(positional="t5", t5_num_buckets=2)), ValueError,
+     ["TinyEncoder", "t5_num_buckets >= 4", "2"]),
+    (lambda: config(tie_weights=1), TypeError, ["TransformerConfig", "tie_weights", "1"]),
+    (lambda: config(attention="mla", rope_dim=3), ValueError, ["TransformerConfig", "rope_dim", "3"]),
+    (lambda: TinyGPT({"d_model": 16}), TypeError, ["TinyGPT", "config", "TransformerConfig", "dict"]),
+    (lambda: RMSNorm(0), ValueError, ["RMSNorm", "dim", "0"]),
+    (lambda: RMSNorm(4, eps=-1.0), ValueError, ["RMSNorm", "eps", "-1.0"]),
+    # forward
+    (lambda: _gpt()(torch.full((2, 5), 11)), ValueError,
+     ["TinyGPT.forward", "idx", "[11, 11]", "vocab_size=11"]),
+    (lambda: _gpt()(_IDS - 3), ValueError, ["TinyGPT.forward", "idx", "[-3,", "[0, 11)"]),
+    (lambda: TinyEncoder(config()).eval()(torch.full((2, 5), 40)), ValueError,
+     ["TinyEncoder.forward", "idx", "[40, 40]", "vocab_size=11"]),
+    (lambda: _gpt()(_IDS.float()), TypeError, ["TinyGPT.forward", "idx", "int64", "float32"]),
+    (lambda: _gpt()(_IDS[0]), ValueError, ["TinyGPT.forward", "idx", "(batch, seq)", "(5,)"]),
+    (lambda: _gpt()(_IDS[:, :0]), ValueError, ["TinyGPT.forward", "idx", "seq >= 1", "(2, 0)"]),
+    (lambda: _gpt()(_IDS, key_padding_mask=torch.zeros(2, 4, dtype=torch.bool)), ValueError,
+     ["TinyGPT.forward", "key_padding_mask", "(2, 5)", "(2, 4)"]),
+    (lambda: _gpt()(_IDS, key_padding_mask=torch.zeros(2, 5)), TypeError,
+     ["TinyGPT.forward", "key_padding_mask", "bool", "float32"]),
+    (lambda: _gpt()(_IDS, torch.ones(2, 1, 5, dtype=torch.bool)), ValueError,
+     ["TinyGPT.forward", "attn_mask", "(2, 4, 5, 5)", "got (2, 1, 5)"]),
+    (lambda: _gpt()(_IDS, torch.ones(2, 1, 1, 4, dtype=torch.bool)), ValueError,
+     ["TinyGPT.forward", "attn_mask", "(2, 4, 5, 5)", "got (2, 1, 1, 4)"]),
+    (lambda: _gpt()(_IDS, torch.ones(2, 1, 1, 5, dtype=torch.long)), TypeError,
+     ["TinyGPT.forward", "attn_mask", "bool", "int64"]),
+    (lambda: _gpt()(_IDS, head_mask=torch.ones(2, 3, 4)), ValueError,
+     ["TinyGPT.forward", "head_mask", "batch=2", "(2, 3, 4)"]),
+    (lambda: _gpt(positional="learned")(torch.zeros(1, 25, dtype=torch.long)), ValueError, ["max_len=24"]),
+    # generate
+    (lambda: _gpt().generate(_IDS, -1), ValueError, ["TinyGPT.generate", "max_new_tokens", "-1"]),
+    (lambda: _gpt().generate(_IDS, 2.0), ValueError, ["TinyGPT.generate", "max_new_tokens", "2.0"]),
+    (lambda: _gpt().generate(_IDS, 2, temperature=float("nan")), ValueError,
+     ["TinyGPT.generate", "temperature", "nan"]),
+    (lambda: _gpt().generate(_IDS, 2, temperature=-0.5), ValueError, ["TinyGPT.generate", "temperature", "-0.5"]),
+    (lambda: _gpt().generate(_IDS, 2, temperature=float("inf")), ValueError,
+     ["TinyGPT.generate", "temperature", "inf"]),
+    (lambda: _gpt().generate(_IDS, 2, temperature=1.0, top_k=0), ValueError,
+     ["TinyGPT.generate", "top_k", "positive integer", "0"]),
+    (lambda: _gpt().generate(_IDS, 2, temperature=1.0, top_k=2.5), ValueError, ["TinyGPT.generate", "top_k", "2.5"]),
+    (lambda: _gpt().generate(_IDS + 11, 2), ValueError, ["TinyGPT.generate", "idx", "vocab_size=11", "[11,"]),
+    (lambda: _gpt().generate(_IDS[:, :0], 2), ValueError, ["TinyGPT.generate", "idx", "seq >= 1"]),
+    (lambda: _gpt().make_cache(0, 4), ValueError, ["TinyGPT.make_cache", "batch", "0"]),
+    # the encoder-decoder
+    (lambda: _seq2seq().generate(_IDS, max_len=0), ValueError, ["TinySeq2Seq.generate", "max_len", "0"]),
+    (lambda: _seq2seq().generate(_IDS, max_len=3, eos=12), ValueError,
+     ["TinySeq2Seq.generate", "eos", "[0, 12)", "12"]),
+    (lambda: _seq2seq().generate(_IDS + 12, max_len=3), ValueError,
+     ["TinySeq2Seq.encode", "src", "vocab_size=12"]),
+    (lambda: _seq2seq()(_IDS, _IDS[:1]), ValueError, ["TinySeq2Seq.forward", "same batch size"]),
+    (lambda: _seq2seq()(_IDS, _IDS + 12), ValueError, ["TinySeq2Seq.decode", "tgt", "vocab_size=12"]),
+    (lambda: TinySeq2SeqOf(positional="alibi"), ValueError, ["TinySeq2Seq", "positional", "'alibi'"]),
+    # head masks and scores
+    (lambda: drophead_mask(2, 4, float("nan"), 3), ValueError, ["drophead_mask", "p", "nan"]),
+    (lambda: drophead_mask(2, 0, 0.1, 3), ValueError, ["drophead_mask", "n_heads", "0"]),
+    (lambda: drophead_mask(2, 4, 0.1, -1), ValueError, ["drophead_mask", "batch_size", "-1"]),
+    (lambda: head_importance(_gpt(), [], lambda m, b, g: 0), ValueError, ["head_importance", "batches is empty"]),
+    (lambda: InductionScores(torch.rand(2, 1, 4, 6, 6), 0), ValueError, ["induction_scores", "period", "0"]),
+    (lambda: InductionScores(torch.rand(2, 4, 6, 6), 2), ValueError,
+     ["induction_scores", "weights", "(n_layers, batch, n_heads, T, T)", "(2, 4, 6, 6)"]),
+]
+
+
+def TinySeq2SeqOf(**kw):
+    from attnbook.models import TinySeq2Seq
+
+    return TinySeq2Seq(TransformerConfig(vocab_size=12, d_model=32, n_heads=4, **kw))
+
+
+def InductionScores(weights, period):
+    from attnbook.models import induction_scores
+
+    return induction_scores(weights, period)
+
+
+@pytest.mark.parametrize("call,error,fragments", BAD_MODEL_INPUTS,
+                         ids=[f"{i}-" + "-".join(f[:2]) for i, (_, _, f) in enumerate(BAD_MODEL_INPUTS)])
+def test_bad_model_input_is_refused_with_a_clear_message(call, error, fragments):
+    with pytest.raises(error) as info:
+        call()
+    message = str(info.value)
+    for fragment in fragments:
+        assert fragment in message, f"{fragment!r} missing from: {message}"
+
+
+def test_a_config_changed_after_construction_is_checked_again():
+    cfg = config()
+    cfg.n_heads = 0
+    with pytest.raises(ValueError, match="TransformerConfig: n_heads must be a positive integer"):
+        TinyGPT(cfg)
+
+
+@pytest.mark.parametrize("attention", ["mha", "mla"])
+def test_an_empty_batch_gives_empty_outputs(attention):
+    model = _gpt(attention=attention, rope_dim=4)
+    empty = torch.zeros(0, 5, dtype=torch.long)
+    assert model(empty).shape == (0, 5, 11)
+    logits, weights = model(empty, return_weights=True)
+    assert logits.shape == (0, 5, 11) and weights.shape == (2, 0, 4, 5, 5)
+    assert model(empty, hidden=True).shape == (0, 5, 16)
+    assert model.generate(empty, 3).shape == (0, 8) and model.generate(empty, 3, use_cache=False).shape == (0, 8)
+    assert drophead_mask(2, 4, 0.5, 0).shape == (2, 0, 4)
+
+
+def test_top_k_above_the_vocabulary_keeps_every_token():
+    model = _gpt()
+    prompt = tokens(T=3)
+
+    def sample(**kw):
+        return model.generate(prompt, 10, temperature=1.0, generator=torch.Generator().manual_seed(5), **kw)
+
+    assert torch.equal(sample(top_k=1000), sample())
