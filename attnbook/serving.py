@@ -349,21 +349,30 @@ class LatentKVCache:
     def update(
         self, layer: int, c_kv_new: torch.Tensor, k_rope_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if isinstance(layer, bool) or not 0 <= layer < len(self.lengths):
+        if (
+            isinstance(layer, bool)
+            or not isinstance(layer, int)
+            or not 0 <= layer < len(self.lengths)
+        ):
             raise ValueError(
                 f"LatentKVCache.update: layer must be in [0, {len(self.lengths)}), "
                 f"got {layer!r}"
             )
         batch, width, rope = self.c_kv.shape[1], self.c_kv.shape[-1], self.rope_dim
+        # the rule of attnbook.contract.check_cache_update: T >= 1 new positions
         if (
-            c_kv_new.dim() != 3
+            not isinstance(c_kv_new, torch.Tensor)
+            or not isinstance(k_rope_new, torch.Tensor)
+            or c_kv_new.dim() != 3
             or tuple(c_kv_new.shape[::2]) != (batch, width)
             or tuple(k_rope_new.shape) != (batch, c_kv_new.shape[1], rope)
+            or c_kv_new.shape[1] < 1
         ):
             raise ValueError(
                 "LatentKVCache.update: c_kv_new and k_rope_new must have shapes "
-                f"({batch}, T, {width}) and ({batch}, T, {rope}), got "
-                f"{tuple(c_kv_new.shape)} and {tuple(k_rope_new.shape)}"
+                f"({batch}, T, {width}) and ({batch}, T, {rope}) with T >= 1, got "
+                f"{tuple(getattr(c_kv_new, 'shape', ()))} and "
+                f"{tuple(getattr(k_rope_new, 'shape', ()))}"
             )
         start, T = self.lengths[layer], c_kv_new.shape[1]
         if start + T > self.max_len:
@@ -1329,6 +1338,10 @@ class PagedModel:
     def prefill(self, request: Request) -> int:
         cfg, param = self.model.config, next(self.model.parameters())
         p = request.prompt_len
+        if request.id in self.caches[0].block_tables:
+            raise ValueError(f"PagedModel.prefill: sequence {request.id!r} is running")
+        # check before any page is touched: a refused prefill changes nothing
+        self._check_room("prefill", self.blocks_for(p))
         kv = KVCache(
             cfg.n_layers,
             1,
@@ -1348,8 +1361,22 @@ class PagedModel:
     @torch.no_grad()
     def decode(self, seq_ids: list, tokens: list[int]) -> list[int]:
         """Feed ``tokens[b]`` to sequence ``seq_ids[b]`` (at position = its length so
-        far) and return the greedy next token of each."""
+        far) and return the greedy next token of each. The ids must be distinct
+        running sequences; when the pool cannot take the blocks the step needs, it
+        raises :class:`attnbook.kvcache.CacheFullError` and changes nothing."""
         model, param = self.model, next(self.model.parameters())
+        lengths = self.caches[0].lengths
+        if len(tokens) != len(seq_ids) or len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(
+                "PagedModel.decode: seq_ids must be distinct and tokens hold one token "
+                f"each, got seq_ids {list(seq_ids)} and {len(tokens)} tokens"
+            )
+        unknown = [s for s in seq_ids if s not in lengths]
+        if unknown:
+            raise ValueError(f"PagedModel.decode: sequences {unknown} are not running")
+        # a sequence whose last block is full takes a new one
+        full = sum(lengths[s] % self.block_size == 0 for s in seq_ids)
+        self._check_room("decode", full)
         positions = torch.tensor([self.caches[0].lengths[s] for s in seq_ids])
         x = model.tok_emb(torch.tensor(tokens, device=param.device)[:, None])
         for layer, block in enumerate(model.blocks):
@@ -1381,6 +1408,13 @@ class PagedModel:
             k_pad[b, :, : lengths[b]], v_pad[b, :, : lengths[b]] = cache.gather(seq)
         out = decode_attention(q, k_pad, v_pad, lengths.to(x.device))
         return attn.out_proj(out.transpose(1, 2).reshape(B, 1, -1))
+
+    def _check_room(self, fn: str, needed: int) -> None:
+        free = len(self.caches[0].free_blocks)
+        if needed > free:
+            raise CacheFullError(
+                f"PagedModel.{fn}: needs {needed} more blocks, only {free} are free"
+            )
 
     def release(self, seq_id) -> None:
         for cache in self.caches:

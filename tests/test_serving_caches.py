@@ -514,6 +514,61 @@ def test_serving_rejects_bad_input():
         PagedModel(tiny_gpt(positional="alibi"), n_blocks=2, block_size=4)
 
 
+def _page_state(engine):
+    return [(dict(c.block_tables), dict(c.lengths), list(c.free_blocks)) for c in engine.caches]
+
+
+def test_a_refused_prefill_or_decode_changes_no_page():
+    """Regression (found by tests/test_state_machines.py): a prefill the pool could not
+    hold left its sequence allocated, with no block, in layer 0 (a retry then said
+    "already allocated"); a decode that ran out of blocks mid-batch had appended to
+    the first sequences of layer 0 only, so the layers disagreed on their lengths."""
+    model = tiny_gpt()
+    engine = PagedModel(model, n_blocks=1, block_size=1)
+    with pytest.raises(CacheFullError, match="needs 2 more blocks, only 1"):
+        engine.prefill(Request(0, 2, 1, 0, (1, 2)))
+    assert _page_state(engine) == _page_state(PagedModel(model, n_blocks=1, block_size=1))
+    engine.prefill(Request(0, 1, 1, 0, (1,)))  # the same id, now that it fits
+    engine = PagedModel(model, n_blocks=3, block_size=1)
+    engine.prefill(Request(0, 1, 1, 0, (1,)))
+    engine.prefill(Request(1, 1, 1, 0, (2,)))
+    before = _page_state(engine)
+    with pytest.raises(CacheFullError, match="needs 2 more blocks, only 1"):
+        engine.decode([0, 1], [3, 4])
+    assert _page_state(engine) == before
+    assert len(engine.decode([1], [4])) == 1  # one of them still fits
+
+
+def test_decode_rejects_a_repeated_or_unknown_sequence_and_changes_nothing():
+    """Regression: one sequence twice in a batch wrote two tokens at one position and
+    then crashed with a RuntimeError; an unknown id was a bare KeyError."""
+    engine = PagedModel(tiny_gpt(), n_blocks=8, block_size=2)
+    engine.prefill(Request(0, 1, 1, 0, (1,)))
+    before = _page_state(engine)
+    with pytest.raises(ValueError, match="distinct"):
+        engine.decode([0, 0], [3, 4])
+    with pytest.raises(ValueError, match="one token each"):
+        engine.decode([0], [3, 4])
+    with pytest.raises(ValueError, match=r"sequences \[5\] are not running"):
+        engine.decode([0, 5], [3, 4])
+    with pytest.raises(ValueError, match="sequence 0 is running"):
+        engine.prefill(Request(0, 1, 1, 0, (1,)))
+    assert _page_state(engine) == before
+
+
+def test_latent_cache_refuses_an_empty_update_like_every_cache():
+    """Regression: LatentKVCache.update took T = 0 new positions (and a float layer),
+    where check_cache_update, the rule of every other cache, asks for T >= 1."""
+    from attnbook.serving import LatentKVCache
+
+    cache = LatentKVCache(2, 1, 3, 2, max_len=4)
+    with pytest.raises(ValueError, match="T >= 1"):
+        cache.update(0, torch.zeros(1, 0, 3), torch.zeros(1, 0, 2))
+    with pytest.raises(ValueError, match="layer must be in"):
+        cache.update(0.0, torch.zeros(1, 1, 3), torch.zeros(1, 1, 2))
+    assert cache.lengths == [0, 0]
+
+
 def test_streaming_losses_reads_through_a_given_cache_object():
     model = tiny_gpt()
     ids = torch.randint(0, 32, (20,), generator=torch.Generator().manual_seed(3))
