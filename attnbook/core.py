@@ -308,7 +308,11 @@ def hard_attention_weights(
     Neither is differentiable with respect to the scores: training needs REINFORCE or a
     relaxation (Gumbel-softmax). Fully masked rows give zeros.
     """
+    if mode not in ("argmax", "sample"):
+        raise ValueError(f"mode must be 'argmax' or 'sample', got {mode!r}")
     soft = masked_softmax(scores, attn_mask)
+    if scores.shape[-1] == 0:  # no key at all: nothing to pick (argmax of nothing)
+        return soft
     alive = soft.sum(-1, keepdim=True) > 0
     # argmax of the masked scores: softmax can round near-equal scores to a tie
     if mode == "argmax":
@@ -319,14 +323,12 @@ def hard_attention_weights(
                 else scores + attn_mask
             )
         index = scores.argmax(-1, keepdim=True)
-    elif mode == "sample":
+    else:  # "sample"
         flat = soft.reshape(-1, soft.shape[-1])
         flat = torch.where(flat.sum(-1, keepdim=True) > 0, flat, torch.ones_like(flat))
         index = torch.multinomial(flat, 1, generator=generator).reshape(
             *soft.shape[:-1], 1
         )
-    else:
-        raise ValueError(f"mode must be 'argmax' or 'sample', got {mode!r}")
     one_hot = torch.zeros_like(soft).scatter_(-1, index, 1.0)
     return one_hot * alive
 

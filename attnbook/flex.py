@@ -83,8 +83,12 @@ def _lengths(fn: str, L: int, S: int | None) -> tuple[int, int]:
 
 
 def _index_tensor(fn: str, name: str, t, dims: int) -> torch.Tensor:
-    """An integer tensor with ``dims`` dimensions (lists are converted)."""
-    t = torch.as_tensor(t)
+    """An integer tensor with ``dims`` dimensions (lists are converted; an empty list is
+    an empty int64 tensor, not torch's default float32 one)."""
+    if not isinstance(t, torch.Tensor):
+        t = torch.as_tensor(t)
+        if t.numel() == 0 and t.is_floating_point():
+            t = t.long()
     if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool:
         raise TypeError(f"{fn}: {name} must be an integer tensor, got {t.dtype}")
     if t.dim() != dims:
@@ -492,15 +496,21 @@ def flex_reference(
     ``s = score_mod(q k^T * scale, b, h, q_idx, kv_idx)``, ``s[~mask_mod(b, h, q_idx,
     kv_idx)] = -inf``, ``out = softmax(s) v``,
 
-    ``scale`` defaulting to ``1 / sqrt(E)``. It costs ``O(B H L S)`` memory. A row with
-    no allowed key (every entry masked, or ``-inf`` from the score_mod) gives zeros.
+    ``scale`` defaulting to ``1 / sqrt(E)``. As in eager ``flex_attention``, the scores,
+    the mods and the softmax run in float32 for float16 and bfloat16 inputs (a mod may
+    read float32 buffers: ALiBi's slopes, a T5 table) and the weights are rounded to
+    ``q``'s dtype before the product with ``v``. It costs ``O(B H L S)`` memory. A row
+    with no allowed key (every entry masked, or ``-inf`` from the score_mod) gives
+    zeros.
     """
     from .flash import _as_4d, _from_4d
 
     fn = "flex_reference"
     check_qkv(fn, q, k, v)
     rank = max(q.dim(), k.dim())
-    if rank != 4:  # the contract's other ranks: leading dims are the batch
+    if not q.dim() == k.dim() == v.dim() == 4:
+        # the contract's other ranks, and mixed ranks (leading dims broadcast): the
+        # leading dims are the batch
         q, k, v, batch = _as_4d(q, k, v)
         out = flex_reference(
             q, k, v, mask_mod=mask_mod, score_mod=score_mod, scale=scale
@@ -510,17 +520,22 @@ def flex_reference(
         if mod is not None and not callable(mod):
             raise TypeError(f"{fn}: {name} must be callable or None, got {mod!r:.60}")
     k, v = grouped_kv(q, k, v)
-    B = max(q.shape[0], k.shape[0])
-    H, L, S = q.shape[1], q.shape[2], k.shape[2]
+    # a batch or head count of 1 broadcasts (one query head over several key heads too)
+    B, H = max(q.shape[0], k.shape[0]), max(q.shape[1], k.shape[1])
+    L, S = q.shape[2], k.shape[2]
     index = torch.int32
     b = torch.arange(B, device=q.device, dtype=index).view(B, 1, 1, 1)
     h = torch.arange(H, device=q.device, dtype=index).view(1, H, 1, 1)
     q_idx = torch.arange(L, device=q.device, dtype=index).view(1, 1, L, 1)
     kv_idx = torch.arange(S, device=q.device, dtype=index).view(1, 1, 1, S)
-    scores = (q @ k.transpose(-2, -1)) * default_scale(scale, q.shape[-1])
+    # FlexAttention's precision: scores, score_mod and softmax in float32 (float64 for
+    # float64 inputs), the weights rounded to q's dtype for the product with v
+    work = torch.promote_types(q.dtype, torch.float32)
+    scale = default_scale(scale, q.shape[-1])
+    scores = (q.to(work) @ k.to(work).transpose(-2, -1)) * scale
     if score_mod is not None:
-        scores = score_mod(scores, b, h, q_idx, kv_idx).expand(B, H, L, S)
+        scores = score_mod(scores, b, h, q_idx, kv_idx).to(work).expand(B, H, L, S)
     allowed = ~scores.isneginf()
     if mask_mod is not None:
         allowed = allowed & mask_mod(b, h, q_idx, kv_idx)
-    return masked_softmax(scores, allowed) @ v
+    return masked_softmax(scores, allowed).to(q.dtype) @ v

@@ -340,6 +340,8 @@ def block_sparse_attention(
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     device = q.device
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if L == 0 or S == 0:  # no tile: no query, or zeros (no key to see)
+        return (q * scale) @ k.transpose(-2, -1) @ v
     q = _pad_seq(q.expand(*batch, L, q.shape[-1]), n_qb * b) * scale
     k = _pad_seq(k.expand(*batch, S, k.shape[-1]), n_kb * b)
     v = _pad_seq(v.expand(*batch, S, v.shape[-1]), n_kb * b)
@@ -422,6 +424,8 @@ def sliding_window_attention(
     if not isinstance(window, int) or window < 0:
         raise ValueError(f"window must be a non-negative integer, got {window!r}")
     n = q.shape[-2]
+    if n == 0:  # no token: nothing to unfold
+        return q @ k.transpose(-2, -1) @ v
     right = 0 if is_causal else window
     span = window + right + 1
     pad = (0, 0, window, right)

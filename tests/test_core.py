@@ -741,6 +741,18 @@ def test_hard_attention_copies_one_value(gen):
     assert torch.equal(hard_attention(q, k, v), out)
 
 
+@pytest.mark.parametrize("mode", ["argmax", "sample"])
+def test_hard_attention_without_keys_gives_zeros(mode, gen):
+    """S = 0 (found by tests/test_differential.py): argmax of nothing raised IndexError; every query
+    sees no key, so the contract's zeros."""
+    q, k, v = randn(2, 3, 4, gen=gen), randn(2, 0, 4, gen=gen), randn(2, 0, 5, gen=gen)
+    out, w = hard_attention(q, k, v, mode=mode, return_weights=True, generator=gen)
+    assert out.shape == (2, 3, 5) and w.shape == (2, 3, 0) and (out == 0).all()
+    assert hard_attention_weights(randn(3, 0, gen=gen), mode).shape == (3, 0)
+    with pytest.raises(ValueError, match="mode"):
+        hard_attention_weights(randn(3, 0, gen=gen), "softest")
+
+
 # ---------------------------------------------------------------------------------------------
 # MultiHeadAttention vs torch.nn.MultiheadAttention
 # ---------------------------------------------------------------------------------------------

@@ -467,6 +467,42 @@ def test_fully_masked_rows_give_zeros(gen):
         torch.testing.assert_close(out[..., 5:, :], plain[..., 5:, :], **TIGHT)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_flex_reference_half_inputs_with_float32_buffers(dtype, gen):
+    """Found by tests/test_differential.py: a half q with ALiBi's float32 slopes (or a float32 T5 table) in the
+    score_mod raised "expected scalar type Float but found Half". Like eager flex_attention, the scores and
+    mods run in float32 and the weights are rounded to q's dtype."""
+    q, k, v = qkv(2, 2, 5, 7, gen=gen, dtype=dtype)
+    t5 = T5RelativeBias(2, 8, 16)
+    for score_mod in (alibi_score_mod(2, 5, 7), t5_score_mod(t5, 5, 7)):
+        with torch.no_grad():
+            got = flex_reference(q, k, v, mask_mod=causal_mask_mod(5, 7), score_mod=score_mod)
+            want = eager_flex(q, k, v, mask_mod=causal_mask_mod(5, 7), score_mod=score_mod)
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=2e-2)
+
+
+def test_flex_reference_broadcasts_one_query_head_and_mixed_ranks(gen):
+    """Found by tests/test_differential.py: with q (B, 1, L, E) and k (B, 2, S, E) the head index ran over one
+    head (a score_mod's result did not expand), and with a 4-D q and a 3-D k the key length was read from
+    k's last dimension. The contract broadcasts both."""
+    q, k, v = qkv(2, 1, 4, 6, gen=gen, Hk=2)
+    mod = alibi_score_mod(2, 4, 6)
+    expected = flex_reference(q.expand(2, 2, 4, 8), k, v, score_mod=mod)
+    torch.testing.assert_close(flex_reference(q, k, v, score_mod=mod), expected, **TIGHT)
+    q, k, v = qkv(2, 2, 4, 6, gen=gen)
+    torch.testing.assert_close(flex_reference(q, k[0], v[0], mask_mod=causal_mask_mod(4, 6)),
+                               dense_attention(q, k[0], v[0], is_causal=True), **TIGHT)
+
+
+def test_global_mask_mod_takes_an_empty_list(gen):
+    """An empty Python list of global tokens was refused as float32 (sparse.global_mask takes it)."""
+    q, k, v = qkv(1, 1, 4, 4, gen=gen)
+    out = flex_reference(q, k, v, mask_mod=global_mask_mod(4, []))
+    assert torch.equal(out, torch.zeros_like(out))
+    assert torch.equal(global_mask_mod(4, [])(0, 0, torch.arange(4)[:, None], torch.arange(4)), global_mask(4, []))
+
+
 # ---------------------------------------------------------------------------------------------
 # Compiled FlexAttention: two representative cases, one compiled function, fixed shapes
 # ---------------------------------------------------------------------------------------------

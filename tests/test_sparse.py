@@ -288,6 +288,30 @@ def test_sliding_window_attention_matches_dense(n, window, causal, gen):
     torch.testing.assert_close(sliding_window_attention(q, k, v, window, is_causal=causal), expected, **TIGHT)
 
 
+@pytest.mark.parametrize("window, causal", [(0, False), (2, False), (2, True)])
+def test_sliding_window_attention_of_an_empty_sequence(window, causal, gen):
+    """n = 0 (found by tests/test_differential.py): unfold of the padded keys raised RuntimeError."""
+    q, k, v = randn(2, 0, 4, gen=gen), randn(2, 0, 4, gen=gen), randn(2, 0, 3, gen=gen)
+    out = sliding_window_attention(q, k, v, window, is_causal=causal)
+    assert out.shape == (2, 0, 3)
+
+
+@pytest.mark.parametrize("L, S", [(0, 5), (0, 0), (4, 0)])
+def test_block_sparse_without_queries_or_keys(L, S, gen):
+    """L = 0 raised IndexError in the row-group split (found by tests/test_differential.py); S = 0 gives
+    the contract's zeros, attached to the autograd graph."""
+    q = randn(2, L, 4, gen=gen, dtype=torch.float64).requires_grad_()
+    k, v = randn(2, S, 4, gen=gen, dtype=torch.float64), randn(2, S, 3, gen=gen, dtype=torch.float64)
+    block_mask = torch.ones(-(-L // 2), -(-S // 2), dtype=torch.bool)
+    for is_causal in (False, True):
+        out = block_sparse_attention(q, k, v, block_mask, 2, is_causal=is_causal)
+        assert out.shape == (2, L, 3) and (out == 0).all()
+        torch.testing.assert_close(out, dense_attention(q, k, v, is_causal=is_causal))
+    if L:
+        out.sum().backward()
+        assert (q.grad == 0).all()
+
+
 def test_sliding_window_attention_memory_is_linear(gen):
     n, window = 4096, 8
     q, k, v = (torch.randn(1, n, 16, generator=gen) for _ in range(3))
