@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import gc
 import math
+import numbers
 import statistics
 import sys
 import time
@@ -26,7 +27,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .utils import check_positive
+from .contract import check_float, check_sizes
 
 __all__ = [
     "SOFTMAX_FLOPS_PER_ELEMENT",
@@ -45,6 +46,24 @@ __all__ = [
 
 #: Max, subtract, exp, sum and divide, a conventional estimate (not a matmul term).
 SOFTMAX_FLOPS_PER_ELEMENT = 5
+
+
+def _check_attention_flops(seq_len, d_model, n_heads, batch, kv_len, n_kv_heads):
+    fn = "attention_flops"
+    check_sizes(
+        fn,
+        seq_len=seq_len,
+        d_model=d_model,
+        n_heads=n_heads,
+        batch=batch,
+        kv_len=kv_len,
+        n_kv_heads=n_kv_heads,
+    )
+    if d_model % n_heads or n_heads % n_kv_heads:
+        raise ValueError(
+            f"{fn}: d_model={d_model} must be divisible by n_heads={n_heads}, and "
+            f"n_heads by n_kv_heads={n_kv_heads}"
+        )
 
 
 def attention_flops(
@@ -78,19 +97,7 @@ def attention_flops(
     """
     kv_len = seq_len if kv_len is None else kv_len
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-    check_positive(
-        seq_len=seq_len,
-        d_model=d_model,
-        n_heads=n_heads,
-        batch=batch,
-        kv_len=kv_len,
-        n_kv_heads=n_kv_heads,
-    )
-    if d_model % n_heads or n_heads % n_kv_heads:
-        raise ValueError(
-            f"d_model={d_model} must be divisible by n_heads={n_heads}, and n_heads "
-            f"by n_kv_heads={n_kv_heads}"
-        )
+    _check_attention_flops(seq_len, d_model, n_heads, batch, kv_len, n_kv_heads)
     n, m, d, B = seq_len, kv_len, d_model, batch
     d_kv = d // n_heads * n_kv_heads  # width of the K and V projections
     steps = {
@@ -116,7 +123,9 @@ def rnn_flops(
     Returns ``per_step``, ``total`` and ``sequential_steps``.
     """
     input_dim = hidden if input_dim is None else input_dim
-    check_positive(seq_len=seq_len, hidden=hidden, input_dim=input_dim, batch=batch)
+    check_sizes(
+        "rnn_flops", seq_len=seq_len, hidden=hidden, input_dim=input_dim, batch=batch
+    )
     per_step = 2 * batch * hidden * (hidden + input_dim)
     return {
         "per_step": per_step,
@@ -140,7 +149,8 @@ def attention_memory_bytes(
     one fp32 ``65,536 x 65,536`` matrix is ``2^32 * 4 B = 17.2 GB``.
     """
     kv_len = seq_len if kv_len is None else kv_len
-    check_positive(
+    check_sizes(
+        "attention_memory_bytes",
         seq_len=seq_len,
         n_heads=n_heads,
         batch=batch,
@@ -159,7 +169,7 @@ def crossover_length(d_model: int) -> int:
     layer; longer ones make it more expensive (but still parallel: 1 sequential step
     instead of ``n``).
     """
-    check_positive(d_model=d_model)
+    check_sizes("crossover_length", d_model=d_model)
     return d_model
 
 
@@ -256,6 +266,20 @@ def _reset_peak_rss() -> bool:
         return False
 
 
+def _check_measure(fn, repeat, warmup) -> None:
+    if not callable(fn):
+        raise TypeError(f"measure: fn must be callable, got {fn!r:.60}")
+    integers = all(
+        isinstance(n, numbers.Integral) and not isinstance(n, bool)
+        for n in (repeat, warmup)
+    )
+    if not integers or repeat < 1 or warmup < 0:
+        raise ValueError(
+            f"measure: repeat must be >= 1 and warmup >= 0 (integers), got "
+            f"repeat={repeat!r}, warmup={warmup!r}"
+        )
+
+
 def measure(fn: Callable, *args, repeat: int = 5, warmup: int = 1, **kwargs) -> dict:
     """Run ``fn(*args, **kwargs)`` and return its median wall time and peak extra
     memory.
@@ -269,10 +293,7 @@ def measure(fn: Callable, *args, repeat: int = 5, warmup: int = 1, **kwargs) -> 
     reading includes allocator noise of a few MiB, so trust it for large tensors, which
     is where attention's ``n^2`` shows.
     """
-    if repeat < 1 or warmup < 0:
-        raise ValueError(
-            f"repeat must be >= 1 and warmup >= 0, got repeat={repeat}, warmup={warmup}"
-        )
+    _check_measure(fn, repeat, warmup)
     tensors = [
         a for a in list(args) + list(kwargs.values()) if isinstance(a, torch.Tensor)
     ]
@@ -312,20 +333,34 @@ def measure(fn: Callable, *args, repeat: int = 5, warmup: int = 1, **kwargs) -> 
     }
 
 
+def _check_loglog(x, y) -> tuple[torch.Tensor, torch.Tensor]:
+    """``log x`` and ``log y`` as flat float64 tensors, or a ``ValueError``."""
+    fn = "loglog_slope"
+    try:
+        x = torch.as_tensor(x, dtype=torch.float64).flatten()
+        y = torch.as_tensor(y, dtype=torch.float64).flatten()
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise TypeError(
+            f"{fn}: x and y must be sequences of numbers ({error})"
+        ) from None
+    if x.numel() != y.numel() or x.numel() < 2:
+        raise ValueError(
+            f"{fn}: x and y need the same length >= 2, got {x.numel()} and {y.numel()}"
+        )
+    finite = bool(x.isfinite().all() and y.isfinite().all())
+    if not finite or (x <= 0).any() or (y <= 0).any():
+        raise ValueError(
+            f"{fn}: x and y must be positive and finite to take logarithms"
+        )
+    if torch.allclose(x, x[0]):
+        raise ValueError(f"{fn}: x must contain at least two different values")
+    return x.log(), y.log()
+
+
 def loglog_slope(x, y) -> float:
     """Least-squares slope of ``log y`` against ``log x``: the exponent ``p`` in ``y ~
     x^p``."""
-    x = torch.as_tensor(x, dtype=torch.float64).flatten()
-    y = torch.as_tensor(y, dtype=torch.float64).flatten()
-    if x.numel() != y.numel() or x.numel() < 2:
-        raise ValueError(
-            f"x and y need the same length >= 2, got {x.numel()} and {y.numel()}"
-        )
-    if (x <= 0).any() or (y <= 0).any():
-        raise ValueError("x and y must be positive to take logarithms")
-    x, y = x.log(), y.log()
-    if torch.allclose(x, x[0]):
-        raise ValueError("x must contain at least two different values")
+    x, y = _check_loglog(x, y)
     xc = x - x.mean()
     return float((xc * (y - y.mean())).sum() / (xc * xc).sum())
 
@@ -333,6 +368,18 @@ def loglog_slope(x, y) -> float:
 # --------------------------------------------------------------------------------------
 # Activation memory in training: what autograd saves, and how to save less
 # --------------------------------------------------------------------------------------
+def _check_saved(fn, exclude) -> None:
+    if not callable(fn):
+        raise TypeError(f"saved_activation_bytes: fn must be callable, got {fn!r:.60}")
+    if isinstance(exclude, torch.Tensor) or not all(
+        isinstance(t, torch.Tensor) for t in exclude
+    ):
+        raise TypeError(
+            "saved_activation_bytes: exclude must be a sequence of tensors, got "
+            f"{exclude!r:.60}"
+        )
+
+
 def saved_activation_bytes(
     fn: Callable, *inputs, exclude: Sequence[torch.Tensor] = ()
 ) -> int:
@@ -353,6 +400,7 @@ def saved_activation_bytes(
     h n^2)`` times the element size: the ``O(n d)`` activations and the ``O(h n^2)``
     attention weights of every block.
     """
+    _check_saved(fn, exclude)
     skip = {t.untyped_storage().data_ptr() for t in exclude}
     held = []
 
@@ -394,6 +442,13 @@ class ReversibleBlock(torch.nn.Module):
 
     def __init__(self, f: torch.nn.Module, g: torch.nn.Module):
         super().__init__()
+        for name, module in (("f", f), ("g", g)):
+            if not isinstance(module, torch.nn.Module):
+                raise TypeError(
+                    f"ReversibleBlock: {name} must be a torch.nn.Module mapping "
+                    "(..., d) "
+                    f"to (..., d), got {type(module).__name__}"
+                )
         self.f, self.g = f, g
 
     def forward(
@@ -465,6 +520,20 @@ class _ReversibleStack(torch.autograd.Function):
         return (dy1, dy2, None, *(grads.get(id(p)) for p in ctx.params))
 
 
+def _check_reversible_stack(blocks, x1, x2) -> list:
+    fn = "reversible_stack"
+    blocks = (
+        list(blocks) if isinstance(blocks, (list, tuple, torch.nn.ModuleList)) else None
+    )
+    if not blocks or not all(isinstance(b, ReversibleBlock) for b in blocks):
+        raise ValueError(
+            f"{fn}: blocks must be a non-empty sequence of ReversibleBlock"
+        )
+    for name, t in (("x1", x1), ("x2", x2)):
+        check_float(fn, name, t)
+    return blocks
+
+
 def reversible_stack(
     blocks: Sequence[ReversibleBlock], x1: torch.Tensor, x2: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -477,9 +546,7 @@ def reversible_stack(
     ``G`` once (:meth:`ReversibleBlock.backward_pass`), about one extra forward pass,
     and at its peak holds one block's internals. Returns ``(y1, y2)``.
     """
-    blocks = list(blocks)
-    if not blocks or not all(isinstance(b, ReversibleBlock) for b in blocks):
-        raise ValueError("blocks must be a non-empty sequence of ReversibleBlock")
+    blocks = _check_reversible_stack(blocks, x1, x2)
     params = list(
         dict.fromkeys(p for b in blocks for p in b.parameters() if p.requires_grad)
     )

@@ -33,6 +33,15 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
+from .contract import (
+    check_attn_mask,
+    check_flag,
+    check_float,
+    check_int,
+    check_key_padding_mask,
+    check_real,
+    check_sizes,
+)
 from .core import masked_softmax
 
 __all__ = [
@@ -59,21 +68,33 @@ __all__ = [
 ]
 
 
-def _check_seq(name: str, x: torch.Tensor, dim: int | None = None) -> None:
-    if (
-        not isinstance(x, torch.Tensor)
-        or x.dim() != 3
-        or (dim is not None and x.shape[-1] != dim)
-    ):
+def _check_seq(fn: str, name: str, x: torch.Tensor, dim: int | None = None) -> None:
+    """``x`` a floating ``(batch, seq, dim)`` tensor (``dim`` fixed when given)."""
+    check_float(fn, name, x)
+    if x.dim() != 3 or (dim is not None and x.shape[-1] != dim):
         want = "(batch, seq, dim)" if dim is None else f"(batch, seq, {dim})"
-        raise ValueError(
-            f"{name} must have shape {want}, got {tuple(getattr(x, 'shape', ()))}"
-        )
+        raise ValueError(f"{fn}: {name} must have shape {want}, got {tuple(x.shape)}")
+
+
+def _check_sizes_and_hidden(fn: str, hidden, **sizes) -> None:
+    """``sizes`` positive integers, ``hidden`` None (the default) or one too."""
+    check_sizes(fn, **sizes)
+    if hidden is not None:
+        check_sizes(fn, hidden=hidden)
 
 
 # --------------------------------------------------------------------------------------
 # Depth as recurrence: one block, applied L times
 # --------------------------------------------------------------------------------------
+def _check_shared_stack(block, n_layers) -> None:
+    check_sizes("SharedLayerStack", n_layers=n_layers)
+    if not callable(block):
+        raise TypeError(
+            f"SharedLayerStack: block must be a module (callable), got "
+            f"{type(block).__name__}"
+        )
+
+
 class SharedLayerStack(nn.Module):
     r"""One block applied ``n_layers`` times: a stack whose layers share their
     parameters (Universal Transformer, Dehghani et al., 2019; ALBERT, Lan et al., 2020).
@@ -95,8 +116,7 @@ class SharedLayerStack(nn.Module):
 
     def __init__(self, block: nn.Module, n_layers: int):
         super().__init__()
-        if not isinstance(n_layers, int) or n_layers < 1:
-            raise ValueError(f"n_layers must be a positive integer, got {n_layers!r}")
+        _check_shared_stack(block, n_layers)
         self.block, self.n_layers = block, n_layers
 
     def __len__(self) -> int:
@@ -123,11 +143,23 @@ class _Synthesizer(nn.Module):
 
     def __init__(self, d_model: int, max_len: int):
         super().__init__()
+        check_sizes(type(self).__name__, d_model=d_model, max_len=max_len)
         self.d_model, self.max_len = d_model, max_len
         self.value = nn.Linear(d_model, d_model)
 
     def scores(self, x: torch.Tensor, n: int) -> torch.Tensor:
         raise NotImplementedError
+
+    def _check_forward(self, x, attn_mask) -> None:
+        fn = f"{type(self).__name__}.forward"
+        _check_seq(fn, "x", x, self.d_model)
+        if x.shape[1] > self.max_len:
+            raise ValueError(
+                f"{fn}: x has {x.shape[1]} positions but the synthesizer was built "
+                f"for max_len={self.max_len}"
+            )
+        if attn_mask is not None:
+            check_attn_mask(fn, attn_mask, (x.shape[0], x.shape[1], x.shape[1]))
 
     def forward(
         self,
@@ -138,13 +170,8 @@ class _Synthesizer(nn.Module):
     ):
         """``attn_mask``: bool, broadcastable to the scores (True = may attend), e.g. a
         causal mask."""
-        _check_seq("x", x, self.d_model)
+        self._check_forward(x, attn_mask)
         n = x.shape[1]
-        if n > self.max_len:
-            raise ValueError(
-                f"x has {n} positions but the synthesizer was built for "
-                f"max_len={self.max_len}"
-            )
         weights = masked_softmax(self.scores(x, n), attn_mask=attn_mask)
         weights = weights.expand(x.shape[0], n, n)
         out = weights @ self.value(x)
@@ -168,6 +195,7 @@ class DenseSynthesizer(_Synthesizer):
 
     def __init__(self, d_model: int, max_len: int, hidden: int | None = None):
         super().__init__(d_model, max_len)
+        _check_sizes_and_hidden("DenseSynthesizer", hidden)
         self.w1 = nn.Linear(d_model, hidden or d_model)
         self.w2 = nn.Linear(hidden or d_model, max_len)
 
@@ -194,12 +222,31 @@ class RandomSynthesizer(_Synthesizer):
         generator: torch.Generator | None = None,
     ):
         super().__init__(d_model, max_len)
+        check_flag("RandomSynthesizer", "trainable", trainable)
         self.logits = nn.Parameter(
             torch.randn(max_len, max_len, generator=generator), requires_grad=trainable
         )
 
     def scores(self, x: torch.Tensor, n: int) -> torch.Tensor:
         return self.logits[:n, :n]  # (n, n): the same for every input
+
+
+def _check_linear_map(x, w_q, w_k, w_v) -> None:
+    fn = "attention_as_linear_map"
+    for name, t in (("x", x), ("w_q", w_q), ("w_k", w_k), ("w_v", w_v)):
+        check_float(fn, name, t)
+    if (
+        x.dim() != 2
+        or any(w.dim() != 2 for w in (w_q, w_k, w_v))
+        or w_q.shape[0] != x.shape[1]
+        or w_k.shape != w_q.shape
+        or w_v.shape[0] != x.shape[1]
+    ):
+        raise ValueError(
+            f"{fn}: expected x (n, d), w_q and w_k (d, d_k), w_v (d, d_v); got x "
+            f"{tuple(x.shape)}, "
+            f"w_q {tuple(w_q.shape)}, w_k {tuple(w_k.shape)}, w_v {tuple(w_v.shape)}"
+        )
 
 
 def attention_as_linear_map(
@@ -219,19 +266,19 @@ def attention_as_linear_map(
     computed from ``x`` (the hypernetwork), ``M`` then acts on ``x`` as an ordinary
     layer. Returns ``(M, A)``.
     """
-    if (
-        x.dim() != 2
-        or w_q.shape[0] != x.shape[1]
-        or w_k.shape != w_q.shape
-        or w_v.shape[0] != x.shape[1]
-    ):
-        raise ValueError(
-            "expected x (n, d), w_q and w_k (d, d_k), w_v (d, d_v); got x "
-            f"{tuple(x.shape)}, "
-            f"w_q {tuple(w_q.shape)}, w_k {tuple(w_k.shape)}, w_v {tuple(w_v.shape)}"
-        )
+    _check_linear_map(x, w_q, w_k, w_v)
     A = torch.softmax((x @ w_q) @ (x @ w_k).T / math.sqrt(w_q.shape[1]), dim=-1)
     return torch.kron(A, w_v.T.contiguous()), A
+
+
+def _check_dynamic_convolution(x, window, heads) -> None:
+    fn = "dynamic_convolution"
+    _check_seq(fn, "x", x)
+    check_sizes(fn, window=window, heads=heads)
+    if x.shape[-1] % heads:
+        raise ValueError(
+            f"{fn}: heads must be a positive divisor of d={x.shape[-1]}, got {heads!r}"
+        )
 
 
 def dynamic_convolution(
@@ -266,17 +313,13 @@ def dynamic_convolution(
     kernels ``(B, heads, n, window)``, entry ``j`` weighting position ``i - window + 1 +
     j``.
     """
-    _check_seq("x", x)
+    _check_dynamic_convolution(x, window, heads)
     B, n, d = x.shape
-    if not isinstance(window, int) or window < 1:
-        raise ValueError(f"window must be a positive integer, got {window!r}")
-    if not isinstance(heads, int) or heads < 1 or d % heads:
-        raise ValueError(f"heads must be a positive divisor of d={d}, got {heads!r}")
     logits = kernel_proj(x)
     if logits.shape != (B, n, heads * window):
         raise ValueError(
-            f"kernel_proj(x) must have shape (B, n, heads * window) = "
-            f"({B}, {n}, {heads * window}), got {tuple(logits.shape)}"
+            f"dynamic_convolution: kernel_proj(x) must have shape (B, n, heads * "
+            f"window) = ({B}, {n}, {heads * window}), got {tuple(logits.shape)}"
         )
     weights = torch.softmax(logits.reshape(B, n, heads, window), dim=-1)
     padded = F.pad(x, (0, 0, window - 1, 0))  # zeros before the first position
@@ -289,11 +332,36 @@ def dynamic_convolution(
 # --------------------------------------------------------------------------------------
 # How the weights are normalized: capsule routing by agreement
 # --------------------------------------------------------------------------------------
+def _check_squash(s, dim, eps) -> None:
+    check_float("squash", "s", s)
+    if (
+        isinstance(dim, bool)
+        or not isinstance(dim, int)
+        or not -s.dim() <= dim < max(s.dim(), 1)
+    ):
+        raise ValueError(
+            f"squash: dim must be an integer in [{-s.dim()}, {s.dim()}) for s of shape "
+            f"{tuple(s.shape)}, got {dim!r}"
+        )
+    check_real("squash", "eps", eps, above=0)
+
+
 def squash(s: torch.Tensor, *, dim: int = -1, eps: float = 1e-8) -> torch.Tensor:
     r"""Capsule nonlinearity :math:`v = \frac{\|s\|^2}{1 + \|s\|^2} \frac{s}{\|s\|}`:
     keeps the direction, length in [0, 1)."""
+    _check_squash(s, dim, eps)
     sq = (s * s).sum(dim, keepdim=True)
     return sq / (1.0 + sq) * s / torch.sqrt(sq + eps)
+
+
+def _check_routing(u_hat, n_iter) -> None:
+    check_float("dynamic_routing", "u_hat", u_hat)
+    if u_hat.dim() != 4:
+        raise ValueError(
+            "dynamic_routing: u_hat must have shape (B, n_in, n_out, d), got "
+            f"{tuple(u_hat.shape)}"
+        )
+    check_sizes("dynamic_routing", n_iter=n_iter)
 
 
 def dynamic_routing(
@@ -313,12 +381,7 @@ def dynamic_routing(
     outputs, the opposite of attention, whose softmax makes the inputs compete for each
     output. Returns ``(v (B, n_out, d), c (B, n_in, n_out))``.
     """
-    if u_hat.dim() != 4:
-        raise ValueError(
-            f"u_hat must have shape (B, n_in, n_out, d), got {tuple(u_hat.shape)}"
-        )
-    if n_iter < 1:
-        raise ValueError(f"n_iter must be >= 1, got {n_iter}")
+    _check_routing(u_hat, n_iter)
     b = torch.zeros(u_hat.shape[:3], dtype=u_hat.dtype, device=u_hat.device)
     for it in range(n_iter):
         c = torch.softmax(b, dim=2)
@@ -331,6 +394,22 @@ def dynamic_routing(
 # --------------------------------------------------------------------------------------
 # Attention as memory retrieval: the modern Hopfield network
 # --------------------------------------------------------------------------------------
+def _check_hopfield(fn: str, query, patterns, beta) -> None:
+    check_float(fn, "query", query)
+    check_float(fn, "patterns", patterns)
+    check_real(fn, "beta", beta, above=0)
+    if (
+        query.dim() < 2
+        or patterns.dim() < 2
+        or query.shape[-1] != patterns.shape[-1]
+        or patterns.shape[-2] == 0
+    ):
+        raise ValueError(
+            f"{fn}: query (..., L, d) and patterns (..., N, d) with N >= 1 must share "
+            f"d, got {tuple(query.shape)} and {tuple(patterns.shape)}"
+        )
+
+
 def hopfield_update(
     query: torch.Tensor, patterns: torch.Tensor, *, beta: float
 ) -> torch.Tensor:
@@ -342,14 +421,7 @@ def hopfield_update(
     \operatorname{softmax}(\beta X^\top \xi)` with patterns as columns). It is one step
     of attention with keys = values = the patterns and ``scale = beta``.
     """
-    if beta <= 0:
-        raise ValueError(f"beta must be positive, got {beta}")
-    if query.shape[-1] != patterns.shape[-1]:
-        raise ValueError(
-            "query (..., L, d) and patterns (..., N, d) must share d, got "
-            f"{tuple(query.shape)} "
-            f"and {tuple(patterns.shape)}"
-        )
+    _check_hopfield("hopfield_update", query, patterns, beta)
     return torch.softmax(beta * query @ patterns.transpose(-2, -1), dim=-1) @ patterns
 
 
@@ -366,10 +438,17 @@ def hopfield_energy(
     patterns, i.e. after the first update (Ramsauer et al., 2021, appendix). The update
     is a concave-convex procedure step on ``E``, so the energy never increases.
     """
+    _check_hopfield("hopfield_energy", query, patterns, beta)
     N = patterns.shape[-2]
     lse = torch.logsumexp(beta * query @ patterns.transpose(-2, -1), dim=-1)
     M = patterns.norm(dim=-1).max(dim=-1).values.unsqueeze(-1)
     return -lse / beta + 0.5 * (query * query).sum(-1) + math.log(N) / beta + 0.5 * M**2
+
+
+def _check_retrieve(query, patterns, beta, max_iter, tol) -> None:
+    _check_hopfield("hopfield_retrieve", query, patterns, beta)
+    check_sizes("hopfield_retrieve", max_iter=max_iter)
+    check_real("hopfield_retrieve", "tol", tol, minimum=0)
 
 
 def hopfield_retrieve(
@@ -389,6 +468,7 @@ def hopfield_retrieve(
     nearest to the query and the later ones only refine it; with a small ``beta`` the
     state converges to an average of several patterns (a metastable state).
     """
+    _check_retrieve(query, patterns, beta, max_iter, tol)
     xi = query
     for step in range(1, max_iter + 1):
         new = hopfield_update(xi, patterns, beta=beta)
@@ -412,11 +492,36 @@ class GLU(nn.Module):
 
     def __init__(self, d_in: int, d_out: int):
         super().__init__()
+        check_sizes("GLU", d_in=d_in, d_out=d_out)
         self.gate = nn.Linear(d_in, d_out)
         self.proj = nn.Linear(d_in, d_out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_float("GLU.forward", "x", x)
+        if x.dim() < 1 or x.shape[-1] != self.gate.in_features:
+            raise ValueError(
+                f"GLU.forward: x must have shape (..., d_in={self.gate.in_features}), "
+                f"got {tuple(x.shape)}"
+            )
         return torch.sigmoid(self.gate(x)) * self.proj(x)
+
+
+def _check_gated_mlp(d_model, d_ffn, seq_len, is_causal) -> None:
+    check_sizes("GatedMLP", d_model=d_model, d_ffn=d_ffn, seq_len=seq_len)
+    if d_ffn % 2:
+        raise ValueError(
+            f"GatedMLP: d_ffn must be even (it is split in two halves), got {d_ffn}"
+        )
+    check_flag("GatedMLP", "is_causal", is_causal)
+
+
+def _check_gated_input(x, d_model: int, seq_len: int) -> None:
+    _check_seq("GatedMLP.forward", "x", x, d_model)
+    if x.shape[1] != seq_len:
+        raise ValueError(
+            f"GatedMLP.forward: gMLP's mixing matrix is built for seq_len={seq_len}, "
+            f"got x {tuple(x.shape)}"
+        )
 
 
 class GatedMLP(nn.Module):
@@ -436,10 +541,7 @@ class GatedMLP(nn.Module):
         self, d_model: int, d_ffn: int, seq_len: int, *, is_causal: bool = False
     ):
         super().__init__()
-        if d_ffn % 2:
-            raise ValueError(
-                f"d_ffn must be even (it is split in two halves), got {d_ffn}"
-            )
+        _check_gated_mlp(d_model, d_ffn, seq_len, is_causal)
         self.d_model, self.seq_len, self.is_causal = d_model, seq_len, is_causal
         self.norm = nn.LayerNorm(d_model)
         self.proj_in = nn.Linear(d_model, d_ffn)
@@ -456,12 +558,7 @@ class GatedMLP(nn.Module):
         return self.spatial_weight.tril()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_seq("x", x, self.d_model)
-        if x.shape[1] != self.seq_len:
-            raise ValueError(
-                f"gMLP's mixing matrix is built for seq_len={self.seq_len}, got x "
-                f"{tuple(x.shape)}"
-            )
+        _check_gated_input(x, self.d_model, self.seq_len)
         z1, z2 = F.gelu(self.proj_in(self.norm(x))).chunk(2, dim=-1)
         # mixes positions, not features
         gate = self.token_mixing() @ self.gate_norm(z2) + self.spatial_bias
@@ -471,21 +568,32 @@ class GatedMLP(nn.Module):
 # --------------------------------------------------------------------------------------
 # The main alternative: a diagonal linear state-space model (recurrence = convolution)
 # --------------------------------------------------------------------------------------
-def _check_ssm(
-    x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, c: torch.Tensor
-) -> None:
-    _check_seq("x", x)
+def _check_abc(fn: str, a, b, c, D: int | None = None) -> None:
+    """``a``, ``b``, ``c`` floating ``(D, N)`` tensors of one shape."""
+    for name, t in (("a", a), ("b", b), ("c", c)):
+        check_float(fn, name, t)
     if (
         a.dim() != 2
-        or a.shape[0] != x.shape[-1]
+        or (D is not None and a.shape[0] != D)
         or b.shape != a.shape
         or c.shape != a.shape
     ):
         raise ValueError(
-            f"a, b, c must all have shape (D={x.shape[-1]}, N), got a "
-            f"{tuple(a.shape)}, "
-            f"b {tuple(b.shape)}, c {tuple(c.shape)}"
+            f"{fn}: a, b, c must all have shape (D={'D' if D is None else D}, N), "
+            f"got a {tuple(a.shape)}, b {tuple(b.shape)}, c {tuple(c.shape)}"
         )
+
+
+def _check_ssm(fn: str, x, a, b, c, state=None) -> None:
+    _check_seq(fn, "x", x)
+    _check_abc(fn, a, b, c, x.shape[-1])
+    if state is not None:
+        check_float(fn, "state", state)
+        if state.shape != (x.shape[0], *a.shape):
+            raise ValueError(
+                f"{fn}: state must have shape (B, D, N) = "
+                f"{(x.shape[0], *a.shape)}, got {tuple(state.shape)}"
+            )
 
 
 def ssm_kernel(
@@ -498,6 +606,8 @@ def ssm_kernel(
     diagonal state). Returns ``(D, length)``. With ``|a| < 1`` the kernel decays
     geometrically: how far back the model sees is set by how close ``a`` is to 1.
     """
+    _check_abc("ssm_kernel", a, b, c)
+    check_int("ssm_kernel", "length", length, minimum=0)
     # (D, N, length)
     powers = a.unsqueeze(-1) ** torch.arange(length, device=a.device, dtype=a.dtype)
     return ((c * b).unsqueeze(-1) * powers).sum(1)
@@ -518,17 +628,17 @@ def ssm_recurrent(
     N)`` whatever ``L``: this is how an SSM generates, with a fixed-size state instead
     of a growing KV cache.
     """
-    _check_ssm(x, a, b, c)
+    _check_ssm("ssm_recurrent", x, a, b, c, state)
     h = (
         torch.zeros(x.shape[0], *a.shape, dtype=x.dtype, device=x.device)
         if state is None
         else state
     )
-    ys = []
+    ys = [x[:, :0]]  # an empty sequence gives an empty output and the state unchanged
     for t in range(x.shape[1]):
         h = a * h + b * x[:, t, :, None]
-        ys.append((c * h).sum(-1))
-    return torch.stack(ys, dim=1), h
+        ys.append((c * h).sum(-1)[:, None])
+    return torch.cat(ys, dim=1), h
 
 
 def ssm_convolution(
@@ -544,10 +654,12 @@ def ssm_convolution(
     needs ``a`` to be the same at every step; a *selective* SSM (Mamba), whose ``a``
     depends on the input, keeps only the recurrent (scan) form.
     """
-    _check_ssm(x, a, b, c)
+    _check_ssm("ssm_convolution", x, a, b, c)
     L = x.shape[1]
     K = ssm_kernel(a, b, c, L)  # (D, L)
-    n = 2 * L  # zero padding turns the FFT's circular convolution into a linear one
+    n = max(
+        2 * L, 1
+    )  # zero padding turns the FFT's circular convolution into a linear one
     y = torch.fft.irfft(
         torch.fft.rfft(x.transpose(1, 2), n=n) * torch.fft.rfft(K, n=n), n=n
     )[..., :L]
@@ -572,6 +684,7 @@ class DiagonalSSM(nn.Module):
         generator: torch.Generator | None = None,
     ):
         super().__init__()
+        check_sizes("DiagonalSSM", d_model=d_model, d_state=d_state)
         # decay per step from 0.001 to 1
         rates = torch.logspace(-3, 0, d_state).repeat(d_model, 1)
         self.log_rate = nn.Parameter(rates.log())
@@ -588,18 +701,35 @@ class DiagonalSSM(nn.Module):
         return torch.exp(-torch.exp(self.log_rate))
 
     def forward(self, x: torch.Tensor, *, mode: str = "convolution") -> torch.Tensor:
+        _check_seq("DiagonalSSM.forward", "x", x, self.skip.shape[0])
         if mode == "convolution":
             y = ssm_convolution(x, self.decay(), self.b, self.c)
         elif mode == "recurrent":
             y = ssm_recurrent(x, self.decay(), self.b, self.c)[0]
         else:
-            raise ValueError(f"mode must be 'convolution' or 'recurrent', got {mode!r}")
+            raise ValueError(
+                "DiagonalSSM.forward: mode must be 'convolution' or 'recurrent', got "
+                f"{mode!r}"
+            )
         return y + self.skip * x
 
 
 # --------------------------------------------------------------------------------------
 # Attention in applications: recommendation, documents, pairs of inputs
 # --------------------------------------------------------------------------------------
+def _check_target_attention(history, target, d: int, key_padding_mask) -> None:
+    fn = "TargetAttention.forward"
+    _check_seq(fn, "history", history, d)
+    check_float(fn, "target", target)
+    if target.shape != (history.shape[0], d):
+        raise ValueError(
+            f"{fn}: target must have shape (B, d) = ({history.shape[0]}, {d}), "
+            f"got {tuple(target.shape)}"
+        )
+    if key_padding_mask is not None:
+        check_key_padding_mask(fn, key_padding_mask, *history.shape[:2])
+
+
 class TargetAttention(nn.Module):
     r"""DIN's local activation unit (Zhou et al., 2018): the candidate item queries the
     user's history.
@@ -618,7 +748,11 @@ class TargetAttention(nn.Module):
 
     def __init__(self, d: int, hidden: int = 32, *, normalize: bool = False):
         super().__init__()
-        self.d, self.normalize = d, normalize
+        check_sizes("TargetAttention", d=d, hidden=hidden)
+        self.d, self.normalize = (
+            d,
+            check_flag("TargetAttention", "normalize", normalize),
+        )
         self.mlp = nn.Sequential(
             nn.Linear(4 * d, hidden), nn.PReLU(), nn.Linear(hidden, 1)
         )
@@ -630,23 +764,12 @@ class TargetAttention(nn.Module):
         *,
         key_padding_mask: torch.Tensor | None = None,
     ):
-        _check_seq("history", history, self.d)
-        if target.shape != (history.shape[0], self.d):
-            raise ValueError(
-                f"target must have shape (B, d) = ({history.shape[0]}, {self.d}), got "
-                f"{tuple(target.shape)}"
-            )
+        _check_target_attention(history, target, self.d, key_padding_mask)
         e = target.unsqueeze(1).expand_as(history)
         # (B, T)
         scores = self.mlp(
             torch.cat([history, e, history - e, history * e], dim=-1)
         ).squeeze(-1)
-        if key_padding_mask is not None and key_padding_mask.shape != scores.shape:
-            raise ValueError(
-                "key_padding_mask must be bool (B, T) = "
-                f"{tuple(scores.shape)} (True = padding), got "
-                f"{tuple(key_padding_mask.shape)}"
-            )
         if self.normalize:
             keep = None if key_padding_mask is None else ~key_padding_mask
             weights = masked_softmax(scores, attn_mask=keep)
@@ -655,6 +778,13 @@ class TargetAttention(nn.Module):
         else:
             weights = scores.masked_fill(key_padding_mask, 0.0)
         return (weights.unsqueeze(-1) * history).sum(1), weights
+
+
+def _check_pooling(h, d: int, key_padding_mask) -> None:
+    fn = "AttentionPooling.forward"
+    _check_seq(fn, "h", h, d)
+    if key_padding_mask is not None:
+        check_key_padding_mask(fn, key_padding_mask, *h.shape[:2])
 
 
 class AttentionPooling(nn.Module):
@@ -674,10 +804,12 @@ class AttentionPooling(nn.Module):
 
     def __init__(self, d: int, hidden: int | None = None):
         super().__init__()
+        _check_sizes_and_hidden("AttentionPooling", hidden, d=d)
         self.proj = nn.Linear(d, hidden or d)
         self.context = nn.Parameter(torch.randn(hidden or d) / math.sqrt(hidden or d))
 
     def forward(self, h: torch.Tensor, *, key_padding_mask: torch.Tensor | None = None):
+        _check_pooling(h, self.proj.in_features, key_padding_mask)
         keep = None if key_padding_mask is None else ~key_padding_mask
         alpha = masked_softmax(torch.tanh(self.proj(h)) @ self.context, attn_mask=keep)
         return (alpha.unsqueeze(-1) * h).sum(1), alpha
@@ -699,6 +831,32 @@ def _packed_gru(gru: nn.GRU, x: torch.Tensor, lengths: torch.Tensor) -> torch.Te
         )
         out = out.index_copy(0, rows, y)
     return out
+
+
+def _check_han(vocab_size, embed_dim, hidden, n_classes, pad_id) -> None:
+    fn = "HierarchicalAttentionNetwork"
+    check_sizes(fn, vocab_size=vocab_size, embed_dim=embed_dim, hidden=hidden)
+    check_sizes(fn, n_classes=n_classes)
+    if check_int(fn, "pad_id", pad_id, minimum=0) >= vocab_size:
+        raise ValueError(f"{fn}: pad_id must be in [0, {vocab_size}), got {pad_id}")
+
+
+def _check_docs(docs, vocab_size: int) -> None:
+    fn = "HierarchicalAttentionNetwork.forward"
+    if not isinstance(docs, torch.Tensor) or docs.dtype != torch.long:
+        raise TypeError(
+            f"{fn}: docs must be an int64 tensor of token ids, got "
+            f"{getattr(docs, 'dtype', type(docs).__name__)}"
+        )
+    if docs.dim() != 3:
+        raise ValueError(
+            f"{fn}: docs must have shape (B, S, W), got {tuple(docs.shape)}"
+        )
+    if docs.numel() and (docs.min() < 0 or docs.max() >= vocab_size):
+        raise ValueError(
+            f"{fn}: docs holds token ids outside the vocabulary [0, {vocab_size}): "
+            f"min {int(docs.min())}, max {int(docs.max())}"
+        )
 
 
 class HierarchicalAttentionNetwork(nn.Module):
@@ -725,6 +883,7 @@ class HierarchicalAttentionNetwork(nn.Module):
         pad_id: int = 0,
     ):
         super().__init__()
+        _check_han(vocab_size, embed_dim, hidden, n_classes, pad_id)
         self.pad_id = pad_id
         self.embed = nn.Embedding(vocab_size, embed_dim, padding_idx=pad_id)
         self.word_rnn = nn.GRU(embed_dim, hidden, batch_first=True, bidirectional=True)
@@ -736,11 +895,7 @@ class HierarchicalAttentionNetwork(nn.Module):
         self.classify = nn.Linear(2 * hidden, n_classes)
 
     def forward(self, docs: torch.Tensor):
-        if docs.dim() != 3 or docs.dtype != torch.long:
-            raise ValueError(
-                f"docs must be int64 token ids of shape (B, S, W), got {docs.dtype} "
-                f"{tuple(docs.shape)}"
-            )
+        _check_docs(docs, self.embed.num_embeddings)
         B, S, W = docs.shape
         word_mask = docs != self.pad_id  # (B, S, W)
         sentence_mask = word_mask.any(-1)  # (B, S): sentences with a word
@@ -766,6 +921,33 @@ class HierarchicalAttentionNetwork(nn.Module):
         return self.classify(document), word_weights.view(B, S, W), sentence_weights
 
 
+def _check_coattention(a, b, mask_a, mask_b) -> None:
+    fn = "coattention"
+    check_float(fn, "a", a)
+    check_float(fn, "b", b)
+    if a.dim() < 2 or b.dim() < 2 or a.shape[-1] != b.shape[-1]:
+        raise ValueError(
+            f"{fn}: a (..., n, d) and b (..., m, d) must share d, got "
+            f"{tuple(a.shape)} and {tuple(b.shape)}"
+        )
+    for name, mask, x in (
+        ("key_padding_mask_a", mask_a, a),
+        ("key_padding_mask_b", mask_b, b),
+    ):
+        if mask is None:
+            continue
+        if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
+            raise TypeError(
+                f"{fn}: {name} must be a bool tensor (True = padding), got "
+                f"{getattr(mask, 'dtype', type(mask).__name__)}"
+            )
+        if mask.shape != x.shape[:-1]:
+            raise ValueError(
+                f"{fn}: {name} must have shape {tuple(x.shape[:-1])} (..., n), got "
+                f"{tuple(mask.shape)}"
+            )
+
+
 def coattention(
     a: torch.Tensor,
     b: torch.Tensor,
@@ -787,11 +969,7 @@ def coattention(
     cross-attentions (scale 1) sharing one score matrix. Returns ``(a_context (..., n,
     d), b_context (..., m, d), weights_ab (..., n, m), weights_ba (..., m, n))``.
     """
-    if a.shape[-1] != b.shape[-1]:
-        raise ValueError(
-            f"a (..., n, d) and b (..., m, d) must share d, got {tuple(a.shape)} and "
-            f"{tuple(b.shape)}"
-        )
+    _check_coattention(a, b, key_padding_mask_a, key_padding_mask_b)
     affinity = a @ b.transpose(-2, -1)
     keep_a, keep_b = (
         None if m is None else ~m.unsqueeze(-2)

@@ -46,6 +46,7 @@ __all__ = [
     "check_flag",
     "check_attention_options",
     "check_float",
+    "check_indices",
     "check_qkv",
     "check_attn_mask",
     "check_key_padding_mask",
@@ -135,6 +136,61 @@ def check_float(fn: str, name: str, t: torch.Tensor) -> None:
         raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {_shape(t)}")
     if not t.is_floating_point():
         raise TypeError(f"{fn}: {name} must be a floating-point tensor, got {t.dtype}")
+
+
+def check_indices(
+    fn: str, name: str, value, *, size: int | None = None, minimum: int = 0
+) -> torch.Tensor:
+    """``value``, a sequence of ints or a 1-D integer tensor, as a 1-D long tensor
+    with every entry in ``[minimum, size)`` (no upper bound when ``size`` is None).
+
+    ``TypeError`` for floats and bools (a bool tensor is a mask, not positions: pass
+    ``mask.nonzero().flatten()``), ``ValueError`` for another rank or an entry out of
+    range; both name ``fn`` and ``name``."""
+    if isinstance(value, torch.Tensor):
+        if value.dtype == torch.bool or value.is_floating_point() or value.is_complex():
+            hint = " (a mask: pass mask.nonzero().flatten())" * (
+                value.dtype == torch.bool
+            )
+            raise TypeError(
+                f"{fn}: {name} must hold integer positions, got a {value.dtype} "
+                f"tensor{hint}"
+            )
+        idx = value
+    else:
+        try:
+            items = list(value)
+        except TypeError:
+            raise TypeError(
+                f"{fn}: {name} must be a sequence of integers or a 1-D integer tensor, "
+                f"got {value!r} ({type(value).__name__})"
+            ) from None
+        if any(isinstance(x, (list, tuple, torch.Tensor)) for x in items):
+            raise ValueError(f"{fn}: {name} must be 1-D, got {items!r:.80}")
+        wrong = [
+            x
+            for x in items
+            if isinstance(x, bool) or not isinstance(x, numbers.Integral)
+        ]
+        if wrong:
+            raise TypeError(
+                f"{fn}: {name} must hold integers, got {wrong[0]!r} "
+                f"({type(wrong[0]).__name__}) in {items!r:.80}"
+            )
+        idx = torch.tensor([int(x) for x in items], dtype=torch.long)
+    if idx.dim() != 1:
+        raise ValueError(f"{fn}: {name} must be 1-D, got shape {_shape(idx)}")
+    idx = idx.long()
+    if idx.numel():
+        low, high = int(idx.min()), int(idx.max())
+        if low < minimum or (size is not None and high >= size):
+            bound = (
+                f"lie in [{minimum}, {size})"
+                if size is not None
+                else f"be >= {minimum}"
+            )
+            raise ValueError(f"{fn}: {name} must {bound}, got {idx.tolist()!r:.80}")
+    return idx
 
 
 def check_qkv(
@@ -306,11 +362,21 @@ def expand_kv_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """
     if x.dim() < 3 or x.shape[-3] == n_heads:
         return x
+    if n_heads % x.shape[-3]:
+        raise ValueError(
+            f"expand_kv_heads: n_heads={n_heads} must be a multiple of x's "
+            f"{x.shape[-3]} key/value heads (dim -3), got x {_shape(x)}"
+        )
     return x.repeat_interleave(n_heads // x.shape[-3], dim=-3)
 
 
 def default_scale(scale: float | None, head_dim: int) -> float:
-    """``scale``, or ``1 / sqrt(head_dim)`` when it is None."""
+    """``scale``, or ``1 / sqrt(head_dim)`` when it is None (a NaN, infinite or bool
+    ``scale`` is a ``ValueError``)."""
+    if isinstance(scale, bool) or (
+        isinstance(scale, numbers.Real) and not math.isfinite(scale)
+    ):
+        raise ValueError(f"default_scale: scale must be a finite number, got {scale!r}")
     return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
 

@@ -26,8 +26,13 @@ from .contract import (
     attention_mask,
     check_attn_mask,
     check_dropout,
+    check_flag,
     check_float,
+    check_indices,
+    check_int,
     check_qkv,
+    check_real,
+    check_sizes,
     grouped_kv,
 )
 
@@ -60,12 +65,25 @@ def causal_mask(
     usual lower triangle; with ``S > L`` (new queries appended after a cache of ``S -
     L`` keys) the last query sees every key.
     """
-    S = L if S is None else S
-    if L < 0 or S < 0:
-        raise ValueError(f"L and S must be non-negative, got L={L}, S={S}")
+    L = check_int("causal_mask", "L", L, minimum=0)
+    S = L if S is None else check_int("causal_mask", "S", S, minimum=0)
     i = torch.arange(L, device=device)[:, None]
     j = torch.arange(S, device=device)[None, :]
     return j <= i + (S - L)
+
+
+def _check_padding_mask(lengths, max_len) -> tuple[torch.Tensor, int]:
+    fn = "padding_mask"
+    lengths = check_indices(fn, "lengths", lengths)  # 1-D, ints >= 0
+    longest = int(lengths.max()) if lengths.numel() else 0
+    if max_len is None:
+        return lengths, longest
+    max_len = check_int(fn, "max_len", max_len, minimum=0)
+    if max_len < longest:
+        raise ValueError(
+            f"{fn}: max_len={max_len} is shorter than the longest length {longest}"
+        )
+    return lengths, max_len
 
 
 def padding_mask(
@@ -77,33 +95,35 @@ def padding_mask(
     For attention, broadcast it over heads and queries: ``padding_mask(lengths)[:, None,
     None, :]``.
     """
-    lengths = torch.as_tensor(lengths)
-    if lengths.dim() != 1:
-        raise ValueError(
-            f"lengths must be 1-D (batch,), got shape {tuple(lengths.shape)}"
-        )
-    if (lengths < 0).any():
-        raise ValueError(f"lengths must be non-negative, got {lengths.tolist()}")
-    longest = int(lengths.max()) if lengths.numel() else 0
-    max_len = longest if max_len is None else max_len
-    if max_len < longest:
-        raise ValueError(
-            f"max_len={max_len} is shorter than the longest length {longest}"
-        )
+    lengths, max_len = _check_padding_mask(lengths, max_len)
     return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
 
 
 # --------------------------------------------------------------------------------------
 # Alignment scores e(q, k): (..., L, E) x (..., S, E) -> (..., L, S)
 # --------------------------------------------------------------------------------------
+def _check_scores(fn: str, q, k, *, same_dim: bool = True, scale=None) -> None:
+    """Float tensors ``q (..., L, E)`` and ``k (..., S, E)`` (``E`` shared when
+    ``same_dim``), and ``scale`` None or finite."""
+    for name, t in (("q", q), ("k", k)):
+        check_float(fn, name, t)
+        if t.dim() < 2:
+            raise ValueError(
+                f"{fn}: {name} must have shape (..., seq, dim), got {tuple(t.shape)}"
+            )
+    if same_dim and q.shape[-1] != k.shape[-1]:
+        raise ValueError(
+            f"{fn}: q and k must share the last dimension, got q {tuple(q.shape)} "
+            f"and k {tuple(k.shape)}"
+        )
+    if scale is not None:
+        check_real(fn, "scale", scale)
+
+
 def dot_score(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Luong's dot score ``e_ij = q_i . k_j``. Shapes ``(..., L, E)``, ``(..., S, E)``
     -> ``(..., L, S)``."""
-    if q.shape[-1] != k.shape[-1]:
-        raise ValueError(
-            f"q and k must share the last dimension, got q {tuple(q.shape)} and k "
-            f"{tuple(k.shape)}"
-        )
+    _check_scores("dot_score", q, k)
     return q @ k.transpose(-2, -1)
 
 
@@ -111,6 +131,7 @@ def scaled_dot_score(
     q: torch.Tensor, k: torch.Tensor, scale: float | None = None
 ) -> torch.Tensor:
     """Transformer score ``e_ij = q_i . k_j / sqrt(E)`` (or ``* scale`` when given)."""
+    _check_scores("scaled_dot_score", q, k, scale=scale)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     # scaling q (L x E) is cheaper than scaling the L x S scores
     return dot_score(q * scale, k)
@@ -122,13 +143,36 @@ def general_score(q: torch.Tensor, k: torch.Tensor, W: torch.Tensor) -> torch.Te
 
     Unlike the dot score, queries and keys may have different sizes ``Eq`` and ``Ek``.
     """
+    _check_scores("general_score", q, k, same_dim=False)
+    check_float("general_score", "W", W)
     if W.dim() != 2 or W.shape != (q.shape[-1], k.shape[-1]):
         raise ValueError(
-            f"W must have shape (Eq, Ek) = ({q.shape[-1]}, {k.shape[-1]}) for q "
+            f"general_score: W must have shape (Eq, Ek) = ({q.shape[-1]}, "
+            f"{k.shape[-1]}) for q "
             f"{tuple(q.shape)} "
             f"and k {tuple(k.shape)}, got {tuple(W.shape)}"
         )
     return (q @ W) @ k.transpose(-2, -1)
+
+
+def _check_additive_score(q, k, W_q, W_k, v) -> None:
+    fn = "additive_score"
+    _check_scores(fn, q, k, same_dim=False)
+    for name, t in (("W_q", W_q), ("W_k", W_k), ("v", v)):
+        check_float(fn, name, t)
+    if W_q.dim() != 2 or W_q.shape[1] != q.shape[-1]:
+        raise ValueError(
+            f"{fn}: W_q must have shape (H, Eq={q.shape[-1]}), got {tuple(W_q.shape)}"
+        )
+    if W_k.dim() != 2 or W_k.shape != (W_q.shape[0], k.shape[-1]):
+        raise ValueError(
+            f"{fn}: W_k must have shape (H={W_q.shape[0]}, Ek={k.shape[-1]}), got "
+            f"{tuple(W_k.shape)}"
+        )
+    if v.shape != (W_q.shape[0],):
+        raise ValueError(
+            f"{fn}: v must have shape (H,) = ({W_q.shape[0]},), got {tuple(v.shape)}"
+        )
 
 
 def additive_score(
@@ -143,19 +187,7 @@ def additive_score(
     ``W_q``: ``(H, Eq)``, ``W_k``: ``(H, Ek)``, ``v``: ``(H,)``. It builds an ``(..., L,
     S, H)`` intermediate, which is why it costs more memory than a dot product.
     """
-    if W_q.dim() != 2 or W_q.shape[1] != q.shape[-1]:
-        raise ValueError(
-            f"W_q must have shape (H, Eq={q.shape[-1]}), got {tuple(W_q.shape)}"
-        )
-    if W_k.dim() != 2 or W_k.shape != (W_q.shape[0], k.shape[-1]):
-        raise ValueError(
-            f"W_k must have shape (H={W_q.shape[0]}, Ek={k.shape[-1]}), got "
-            f"{tuple(W_k.shape)}"
-        )
-    if v.shape != (W_q.shape[0],):
-        raise ValueError(
-            f"v must have shape (H,) = ({W_q.shape[0]},), got {tuple(v.shape)}"
-        )
+    _check_additive_score(q, k, W_q, W_k, v)
     # (..., L, S, H)
     hidden = torch.tanh((q @ W_q.T).unsqueeze(-2) + (k @ W_k.T).unsqueeze(-3))
     return hidden @ v
@@ -164,6 +196,14 @@ def additive_score(
 # --------------------------------------------------------------------------------------
 # Normalization and scaled dot-product attention
 # --------------------------------------------------------------------------------------
+def _check_masked_softmax(scores, attn_mask, temperature) -> None:
+    fn = "masked_softmax"
+    check_float(fn, "scores", scores)
+    check_real(fn, "temperature", temperature, above=0)
+    if attn_mask is not None:
+        check_attn_mask(fn, attn_mask, tuple(scores.shape))
+
+
 def masked_softmax(
     scores: torch.Tensor,
     attn_mask: torch.Tensor | None = None,
@@ -176,15 +216,13 @@ def masked_softmax(
     give zeros. Low temperatures sharpen the distribution towards argmax, high ones
     flatten it towards uniform.
     """
-    if temperature <= 0:
-        raise ValueError(f"temperature must be positive, got {temperature}")
+    _check_masked_softmax(scores, attn_mask, temperature)
     scores = scores / temperature
     if attn_mask is not None:
-        check_attn_mask("masked_softmax", attn_mask, tuple(scores.shape))
         if attn_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         else:
-            scores = scores + attn_mask
+            scores = scores + attn_mask.to(scores.dtype)  # as SDPA: q's dtype
     if attn_mask is None:
         return torch.softmax(scores, dim=-1)
     # rows with nothing to attend to
@@ -219,6 +257,7 @@ def attention_entropy(
     a penalty ``lambda * H`` in the loss pushes heads one way or the other.
     """
     check_float("attention_entropy", "weights", weights)
+    normalize = check_flag("attention_entropy", "normalize", normalize)
     # 0 log 0 = 0, with a finite gradient at 0 (xlogy's is -inf), so that the entropy
     # can be a training penalty under a mask
     tiny = torch.finfo(weights.dtype).tiny
@@ -237,6 +276,21 @@ def attention_entropy(
         n_keys = allowed.expand(weights.shape).sum(-1).to(entropy)
     log_n = torch.log(n_keys)
     return torch.where(n_keys > 1, entropy / log_n.clamp_min(1e-12), 0.0)
+
+
+def _check_sdpa(q, k, v, is_causal, scale, dropout_p, return_weights, gqa) -> None:
+    fn = "scaled_dot_product_attention"
+    for name, flag in (
+        ("is_causal", is_causal),
+        ("return_weights", return_weights),
+        ("enable_gqa", gqa),
+    ):
+        check_flag(fn, name, flag)
+    check_qkv(fn, q, k, v, gqa=bool(gqa))
+    check_real(fn, "dropout_p", dropout_p)
+    check_dropout(fn, dropout_p)
+    if scale is not None:
+        check_real(fn, "scale", scale)
 
 
 def scaled_dot_product_attention(
@@ -275,9 +329,8 @@ def scaled_dot_product_attention(
     The arguments follow :mod:`attnbook.contract`. Returns ``(..., L, Ev)``, or ``(out,
     weights)`` with ``return_weights=True``.
     """
+    _check_sdpa(q, k, v, is_causal, scale, dropout_p, return_weights, enable_gqa)
     fn = "scaled_dot_product_attention"
-    check_qkv(fn, q, k, v, gqa=enable_gqa)
-    check_dropout(fn, dropout_p)
     k, v = grouped_kv(q, k, v)  # each K/V head serves a group of query heads
     attn_mask = attention_mask(fn, q, k, attn_mask, is_causal=is_causal)
     scores = scaled_dot_score(q, k, scale)
@@ -295,6 +348,13 @@ def scaled_dot_product_attention(
 # --------------------------------------------------------------------------------------
 # Hard vs soft attention
 # --------------------------------------------------------------------------------------
+def _check_hard(fn: str, mode, attn_mask, scores: tuple[int, ...]) -> None:
+    if mode not in ("argmax", "sample"):
+        raise ValueError(f"{fn}: mode must be 'argmax' or 'sample', got {mode!r}")
+    if attn_mask is not None:
+        check_attn_mask(fn, attn_mask, scores)
+
+
 def hard_attention_weights(
     scores: torch.Tensor,
     mode: str = "argmax",
@@ -308,8 +368,8 @@ def hard_attention_weights(
     Neither is differentiable with respect to the scores: training needs REINFORCE or a
     relaxation (Gumbel-softmax). Fully masked rows give zeros.
     """
-    if mode not in ("argmax", "sample"):
-        raise ValueError(f"mode must be 'argmax' or 'sample', got {mode!r}")
+    check_float("hard_attention_weights", "scores", scores)
+    _check_hard("hard_attention_weights", mode, attn_mask, tuple(scores.shape))
     soft = masked_softmax(scores, attn_mask)
     if scores.shape[-1] == 0:  # no key at all: nothing to pick (argmax of nothing)
         return soft
@@ -320,7 +380,7 @@ def hard_attention_weights(
             scores = (
                 scores.masked_fill(~attn_mask, float("-inf"))
                 if attn_mask.dtype == torch.bool
-                else scores + attn_mask
+                else scores + attn_mask.to(scores.dtype)
             )
         index = scores.argmax(-1, keepdim=True)
     else:  # "sample"
@@ -331,6 +391,19 @@ def hard_attention_weights(
         )
     one_hot = torch.zeros_like(soft).scatter_(-1, index, 1.0)
     return one_hot * alive
+
+
+def _check_hard_attention(q, k, v, attn_mask, mode, scale, return_weights) -> None:
+    fn = "hard_attention"
+    check_qkv(fn, q, k, v)
+    check_flag(fn, "return_weights", return_weights)
+    if scale is not None:
+        check_real(fn, "scale", scale)
+    k_batch = list(k.shape[:-2])
+    if q.dim() >= 3 and k.dim() >= 3 and min(q.shape[-3], k.shape[-3]) > 1:
+        k_batch[-1] = q.shape[-3]  # grouped-query heads: k's are repeated
+    batch = torch.broadcast_shapes(q.shape[:-2], k_batch)
+    _check_hard(fn, mode, attn_mask, (*batch, q.shape[-2], k.shape[-2]))
 
 
 def hard_attention(
@@ -346,7 +419,7 @@ def hard_attention(
 ):
     """Hard attention: each query copies the value of one key chosen by
     :func:`hard_attention_weights`."""
-    check_qkv("hard_attention", q, k, v)
+    _check_hard_attention(q, k, v, attn_mask, mode, scale, return_weights)
     k, v = grouped_kv(q, k, v)
     weights = hard_attention_weights(
         scaled_dot_score(q, k, scale), mode, attn_mask, generator
@@ -358,6 +431,23 @@ def hard_attention(
 # --------------------------------------------------------------------------------------
 # Multi-head attention (MHA, and MQA/GQA when n_kv_heads < n_heads)
 # --------------------------------------------------------------------------------------
+def _check_mha(d_model, n_heads, n_kv_heads, dropout, bias) -> None:
+    fn = "MultiHeadAttention"
+    check_sizes(fn, d_model=d_model, n_heads=n_heads, n_kv_heads=n_kv_heads)
+    check_flag(fn, "bias", bias)
+    check_real(fn, "dropout", dropout, minimum=0)
+    if dropout >= 1:
+        raise ValueError(f"{fn}: dropout must be in [0, 1), got {dropout}")
+    if d_model % n_heads:
+        raise ValueError(
+            f"{fn}: d_model={d_model} must be divisible by n_heads={n_heads}"
+        )
+    if n_heads % n_kv_heads:
+        raise ValueError(
+            f"{fn}: n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}"
+        )
+
+
 class MultiHeadAttention(nn.Module):
     """Multi-head attention (Vaswani et al., 2017) with optional grouped key/value
     heads.
@@ -381,14 +471,7 @@ class MultiHeadAttention(nn.Module):
     ):
         super().__init__()
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        if d_model % n_heads:
-            raise ValueError(
-                f"d_model={d_model} must be divisible by n_heads={n_heads}"
-            )
-        if n_kv_heads < 1 or n_heads % n_kv_heads:
-            raise ValueError(
-                f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}"
-            )
+        _check_mha(d_model, n_heads, n_kv_heads, dropout, bias)
         self.d_model, self.n_heads, self.n_kv_heads = d_model, n_heads, n_kv_heads
         self.head_dim = d_model // n_heads
         self.dropout = dropout
@@ -396,6 +479,23 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+
+    def _check_inputs(self, x, context, is_causal, return_weights) -> None:
+        fn = "MultiHeadAttention"
+        check_flag(fn, "is_causal", is_causal)
+        check_flag(fn, "return_weights", return_weights)
+        for name, t in (("x", x), ("context", context)):
+            check_float(fn, name, t)
+            if t.dim() != 3 or t.shape[-1] != self.d_model:
+                raise ValueError(
+                    f"{fn}: {name} must have shape (batch, seq, d_model="
+                    f"{self.d_model}), got {tuple(t.shape)}"
+                )
+        if context.shape[0] != x.shape[0]:
+            raise ValueError(
+                f"{fn}: x {tuple(x.shape)} and context {tuple(context.shape)} must "
+                "have the same batch size"
+            )
 
     def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         B, T, _ = x.shape
@@ -418,17 +518,7 @@ class MultiHeadAttention(nn.Module):
         n_heads, L, S)``.
         """
         context = x if context is None else context
-        for name, t in (("x", x), ("context", context)):
-            if t.dim() != 3 or t.shape[-1] != self.d_model:
-                raise ValueError(
-                    f"{name} must have shape (batch, seq, d_model={self.d_model}), "
-                    f"got {tuple(t.shape)}"
-                )
-        if context.shape[0] != x.shape[0]:
-            raise ValueError(
-                f"x {tuple(x.shape)} and context {tuple(context.shape)} must have the "
-                "same batch size"
-            )
+        self._check_inputs(x, context, is_causal, return_weights)
         q = self._split(self.q_proj(x), self.n_heads)
         k = self._split(self.k_proj(context), self.n_kv_heads)
         v = self._split(self.v_proj(context), self.n_kv_heads)

@@ -39,6 +39,8 @@ from typing import Callable, NamedTuple, Sequence
 import torch
 from torch import nn
 
+from .contract import check_flag, check_indices, check_int, check_real, check_sizes
+
 __all__ = [
     "PAD",
     "BOS",
@@ -66,11 +68,41 @@ PAD, BOS, EOS = 0, 1, 2
 _SPECIALS = ["<pad>", "<s>", "</s>"]
 
 
+def _iterable(fn: str, chars) -> list:
+    try:
+        return list(chars)
+    except TypeError:
+        raise TypeError(
+            f"{fn}: chars must be a string or a sequence of characters, got "
+            f"{chars!r:.60}"
+        ) from None
+
+
+def _ids_before_eos(ids, size: int) -> list[int]:
+    """The integer ``ids`` up to the first ``EOS``, each in ``[0, size)``."""
+    ids = check_indices("Vocab.decode", "ids", ids, minimum=-(2**63)).tolist()
+    ids = ids[: ids.index(EOS)] if EOS in ids else ids
+    wrong = [i for i in ids if not 0 <= i < size]
+    if wrong:
+        raise ValueError(
+            f"Vocab.decode: ids must lie in [0, {size}) before the first EOS, got "
+            f"{wrong[:5]}"
+        )
+    return ids
+
+
 class Vocab:
     """Character vocabulary: ids 0-2 are ``<pad>``, ``<s>``, ``</s>``; the characters
     follow, sorted."""
 
     def __init__(self, chars: str | Sequence[str]):
+        if isinstance(chars, (str, bytes)) is False and not all(
+            isinstance(ch, str) and len(ch) == 1 for ch in _iterable("Vocab", chars)
+        ):
+            raise TypeError(
+                f"Vocab: chars must be a string or a sequence of characters, got "
+                f"{chars!r:.60}"
+            )
         self.itos = _SPECIALS + sorted(set(chars))
         self.stoi = {ch: i for i, ch in enumerate(self.itos)}
 
@@ -80,10 +112,13 @@ class Vocab:
     def encode(self, text: str, bos: bool = False, eos: bool = False) -> list[int]:
         """Ids of the characters of ``text``, optionally wrapped in ``BOS`` /
         ``EOS``."""
+        if not isinstance(text, str):
+            raise TypeError(f"Vocab.encode: text must be a str, got {text!r:.60}")
         unknown = sorted(set(text) - set(self.stoi))
         if unknown:
             raise ValueError(
-                f"text {text!r} has characters outside the vocabulary: {unknown}"
+                f"Vocab.encode: text {text!r} has characters outside the "
+                f"vocabulary: {unknown}"
             )
         return [BOS] * bos + [self.stoi[ch] for ch in text] + [EOS] * eos
 
@@ -91,9 +126,7 @@ class Vocab:
         """The text of ``ids``: skips ``PAD`` and ``BOS``, stops at the first
         ``EOS``."""
         out = []
-        for i in ids.tolist() if isinstance(ids, torch.Tensor) else ids:
-            if i == EOS:
-                break
+        for i in _ids_before_eos(ids, len(self.itos)):
             if i not in (PAD, BOS):
                 out.append(self.itos[i])
         return "".join(out)
@@ -120,7 +153,7 @@ class Task:
         """One padded batch: ``src`` ``(N, S)``, ``src_mask`` ``(N, S)`` (True = real
         token), ``tgt`` ``(N, T)``."""
         if not pairs:
-            raise ValueError("pairs is empty")
+            raise ValueError("Task.encode: pairs is empty")
         src = _pad([self.src_vocab.encode(s) for s, _ in pairs])
         tgt = _pad([self.tgt_vocab.encode(t, bos=True, eos=True) for _, t in pairs])
         return {"src": src, "src_mask": src != PAD, "tgt": tgt}
@@ -134,8 +167,7 @@ class Task:
         The shuffles are drawn from ``generator``, so with a freshly seeded generator
         a training run is reproducible: epoch ``k`` sees the same batches every time.
         """
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        check_sizes("Task.batches", batch_size=batch_size)
 
         def epoch() -> list[dict[str, torch.Tensor]]:
             order = torch.randperm(len(self.train), generator=generator).tolist()
@@ -187,8 +219,12 @@ DATE_FORMATS: dict[str, Callable[[datetime.date], str]] = {
 def format_date(date: datetime.date, style: str) -> str:
     """``date`` written in one of the ``DATE_FORMATS`` (keys name the style by
     example)."""
-    if style not in DATE_FORMATS:
-        raise ValueError(f"style must be one of {list(DATE_FORMATS)}, got {style!r}")
+    if not isinstance(date, datetime.date):
+        raise TypeError(f"format_date: date must be a datetime.date, got {date!r:.60}")
+    if not isinstance(style, str) or style not in DATE_FORMATS:
+        raise ValueError(
+            f"format_date: style must be one of {list(DATE_FORMATS)}, got {style!r}"
+        )
     return DATE_FORMATS[style](date)
 
 
@@ -206,9 +242,11 @@ def date_task(
     Two-digit years (``"87"``) are read as 1950-2049, the range the dates come from.
     """
     n_days = (LAST_DAY - FIRST_DAY).days + 1
-    if n_train < 1 or n_test < 1 or n_train + n_test > n_days:
+    check_sizes("date_task", n_train=n_train, n_test=n_test)
+    if n_train + n_test > n_days:
         raise ValueError(
-            f"need 1 <= n_train, n_test and n_train + n_test <= {n_days}, got "
+            f"date_task: need 1 <= n_train, n_test and n_train + n_test <= "
+            f"{n_days}, got "
             f"{n_train}, {n_test}"
         )
     n = n_train + n_test
@@ -226,6 +264,17 @@ def date_task(
 # --------------------------------------------------------------------------------------
 # Copy and reverse
 # --------------------------------------------------------------------------------------
+def _check_copy_pairs(n, lengths, reverse, n_symbols, fn="copy_pairs") -> list[int]:
+    check_int(fn, "n", n, minimum=0)
+    check_flag(fn, "reverse", reverse)
+    if not 1 <= check_int(fn, "n_symbols", n_symbols) <= 26:
+        raise ValueError(f"{fn}: n_symbols must be in 1..26, got {n_symbols}")
+    lengths = check_indices(fn, "lengths", lengths, minimum=1).tolist()
+    if not lengths:
+        raise ValueError(f"{fn}: lengths must be a non-empty list of positive lengths")
+    return lengths
+
+
 def copy_pairs(
     n: int,
     lengths: Sequence[int],
@@ -239,20 +288,25 @@ def copy_pairs(
 
     The target is the string itself (copy) or reversed (``reverse=True``).
     """
-    if not 1 <= n_symbols <= 26:
-        raise ValueError(f"n_symbols must be in 1..26, got {n_symbols}")
-    if not lengths or min(lengths) < 1:
-        raise ValueError(
-            f"lengths must be a non-empty list of positive lengths, got {lengths}"
-        )
+    lengths = _check_copy_pairs(n, lengths, reverse, n_symbols)
     letters = "abcdefghijklmnopqrstuvwxyz"[:n_symbols]
-    lengths = list(lengths)
     out = []
     for pick in torch.randint(len(lengths), (n,), generator=generator).tolist():
         ids = torch.randint(n_symbols, (lengths[pick],), generator=generator)
         s = "".join(letters[i] for i in ids.tolist())
         out.append((s, s[::-1] if reverse else s))
     return out
+
+
+def _check_copy_task(n_train, n_test, min_len, max_len, reverse, n_symbols) -> None:
+    fn = "copy_task"
+    check_sizes(fn, n_train=n_train, n_test=n_test, min_len=min_len)
+    if check_int(fn, "max_len", max_len) < min_len:
+        raise ValueError(
+            f"{fn}: need 1 <= min_len <= max_len, got min_len={min_len}, "
+            f"max_len={max_len}"
+        )
+    _check_copy_pairs(0, [min_len], reverse, n_symbols, fn)
 
 
 def copy_task(
@@ -267,8 +321,7 @@ def copy_task(
 ) -> Task:
     """Copy (or reverse) strings of length ``min_len..max_len``; test strings never
     occur in training."""
-    if not 1 <= min_len <= max_len:
-        raise ValueError(f"need 1 <= min_len <= max_len, got {min_len}, {max_len}")
+    _check_copy_task(n_train, n_test, min_len, max_len, reverse, n_symbols)
     lengths = range(min_len, max_len + 1)
     draw = dict(reverse=reverse, n_symbols=n_symbols, generator=generator)
     test = copy_pairs(n_test, lengths, **draw)
@@ -304,6 +357,24 @@ class RepeatedSegments(NamedTuple):
     alignment: torch.Tensor
 
 
+def _check_segments(n, repeats, word_len, n_symbols, dim, frames, noise) -> None:
+    fn = "repeated_segments"
+    check_sizes(fn, n=n, repeats=repeats, dim=dim)
+    check_int(fn, "word_len", word_len, minimum=2)
+    check_int(fn, "n_symbols", n_symbols, minimum=3)
+    check_real(fn, "noise", noise, minimum=0)
+    if (
+        not isinstance(frames, (tuple, list))
+        or len(frames) != 2
+        or check_indices(fn, "frames_per_symbol", frames, minimum=1).tolist()
+        != sorted(frames)
+    ):
+        raise ValueError(
+            f"{fn}: frames_per_symbol must be (lo, hi) with 1 <= lo <= hi, got "
+            f"{frames!r}"
+        )
+
+
 def repeated_segments(
     n: int,
     repeats: int,
@@ -324,8 +395,7 @@ def repeated_segments(
     symbol occurs ``repeats`` times: content alone cannot tell the copies apart. The
     ``T = word_len * repeats`` queries are the symbols to find, in order.
     """
-    if n_symbols < 3 or word_len < 2:
-        raise ValueError("need n_symbols >= 3 and word_len >= 2")
+    _check_segments(n, repeats, word_len, n_symbols, dim, frames_per_symbol, noise)
     prototypes = torch.randn(n_symbols, dim, generator=torch.Generator().manual_seed(0))
     lo, hi = frames_per_symbol
     T = word_len * repeats
@@ -389,6 +459,16 @@ def _shape_mask(shape: str, size: int) -> torch.Tensor:
     raise ValueError(f"shape must be one of {SHAPES}, got {shape!r}")
 
 
+def _check_shapes_captions(n, grid, cell, n_objects) -> None:
+    fn = "shapes_captions"
+    check_sizes(fn, n=n, grid=grid)
+    check_int(fn, "cell", cell, minimum=4)
+    if not 1 <= check_int(fn, "n_objects", n_objects) <= grid * grid:
+        raise ValueError(
+            f"{fn}: n_objects must be in [1, grid*grid={grid * grid}], got {n_objects}"
+        )
+
+
 def shapes_captions(
     n: int,
     *,
@@ -407,10 +487,7 @@ def shapes_captions(
     token ids into ``vocab`` (a list of words, ``vocab[0] = "<bos>"``, ``vocab[1] =
     "<eos>"``), and ``cells`` ``(n, n_objects)``: the cell index of each named object.
     """
-    if not 1 <= n_objects <= grid * grid:
-        raise ValueError(
-            f"n_objects must be in [1, grid*grid={grid * grid}], got {n_objects}"
-        )
+    _check_shapes_captions(n, grid, cell, n_objects)
     colours = list(COLOURS)
     vocab = ["<bos>", "<eos>", *colours, *SHAPES]
     stencils = [_shape_mask(s, cell - 2) for s in SHAPES]
@@ -488,8 +565,7 @@ def python_docs(valid_every: int = 10) -> TextCorpus:
     validation, the rest training. Deterministic: no download, no random split."""
     from pydoc_data.topics import topics
 
-    if not isinstance(valid_every, int) or valid_every < 2:
-        raise ValueError(f"valid_every must be an integer >= 2, got {valid_every!r}")
+    check_int("python_docs", "valid_every", valid_every, minimum=2)
     names = sorted(topics)
     valid = [n for i, n in enumerate(names) if i % valid_every == valid_every - 1]
     train = [n for n in names if n not in set(valid)]
@@ -499,6 +575,22 @@ def python_docs(valid_every: int = 10) -> TextCorpus:
         return torch.tensor(vocab.encode("\n\n".join(topics[n] for n in chosen)))
 
     return TextCorpus(vocab, ids(train), ids(valid), train, valid)
+
+
+def _check_ngram(train, valid, n, vocab_size, alpha):
+    fn = "ngram_bits_per_char"
+    if isinstance(n, bool) or n not in (1, 2):
+        raise ValueError(f"{fn}: n must be 1 (unigram) or 2 (bigram), got {n!r}")
+    check_real(fn, "alpha", alpha, above=0)
+    check_sizes(fn, vocab_size=vocab_size)
+    train = check_indices(fn, "train", train, size=vocab_size)
+    valid = check_indices(fn, "valid", valid, size=vocab_size)
+    if len(train) < n or len(valid) < n:
+        raise ValueError(
+            f"{fn}: train and valid need at least n={n} ids, got {len(train)} and "
+            f"{len(valid)}"
+        )
+    return train, valid
 
 
 def ngram_bits_per_char(
@@ -516,10 +608,7 @@ def ngram_bits_per_char(
     The baselines a character-level language model must beat: the unigram knows only
     how often each character occurs, the bigram also the one before it. ``train`` and
     ``valid`` are 1-D id tensors below ``vocab_size``."""
-    if n not in (1, 2):
-        raise ValueError(f"n must be 1 (unigram) or 2 (bigram), got {n!r}")
-    if alpha <= 0:
-        raise ValueError(f"alpha must be positive, got {alpha!r}")
+    train, valid = _check_ngram(train, valid, n, vocab_size, alpha)
     V = vocab_size
     if n == 1:
         counts = torch.bincount(train, minlength=V).double() + alpha
@@ -533,6 +622,20 @@ def ngram_bits_per_char(
     return -logp.mean().item()
 
 
+def _check_lm_windows(ids, block_size, batch_size) -> None:
+    fn = "lm_windows"
+    check_sizes(fn, block_size=block_size, batch_size=batch_size)
+    if not isinstance(ids, torch.Tensor) or ids.dtype == torch.bool:
+        raise TypeError(f"{fn}: ids must be an integer tensor, got {ids!r:.60}")
+    if ids.is_floating_point() or ids.is_complex():
+        raise TypeError(f"{fn}: ids must be an integer tensor, got {ids.dtype}")
+    if ids.dim() != 1 or len(ids) <= block_size:
+        raise ValueError(
+            f"{fn}: ids must be 1-D and longer than block_size={block_size}, got "
+            f"shape {tuple(ids.shape)}"
+        )
+
+
 def lm_windows(
     ids: torch.Tensor,
     block_size: int,
@@ -542,11 +645,7 @@ def lm_windows(
     """A batch of random windows of a 1-D id tensor for next-character prediction:
     ``x (batch_size, block_size)`` and ``y``, the same windows shifted by one
     (``y[:, t] = x[:, t + 1]``, and the character after the window last)."""
-    if ids.dim() != 1 or len(ids) <= block_size:
-        raise ValueError(
-            f"ids must be 1-D and longer than block_size={block_size}, got shape "
-            f"{tuple(ids.shape)}"
-        )
+    _check_lm_windows(ids, block_size, batch_size)
     starts = torch.randint(0, len(ids) - block_size, (batch_size,), generator=generator)
     rows = starts[:, None] + torch.arange(block_size + 1)
     windows = ids[rows]
@@ -563,9 +662,7 @@ def repeated_tokens(
     again, ``(batch_size, 2 period)``: the first half cannot be predicted, the second
     half can be by copying, the task on which induction heads form (Olsson et al.,
     2022)."""
-    if period < 1 or vocab_size < 2:
-        raise ValueError(
-            f"period must be >= 1 and vocab_size >= 2, got {period} and {vocab_size}"
-        )
+    check_sizes("repeated_tokens", batch_size=batch_size, period=period)
+    check_int("repeated_tokens", "vocab_size", vocab_size, minimum=2)
     first = torch.randint(0, vocab_size, (batch_size, period), generator=generator)
     return torch.cat([first, first], dim=1)

@@ -41,7 +41,14 @@ from typing import Callable, NamedTuple
 import torch
 import torch.distributed as dist
 
-from .contract import check_qkv, default_scale
+from .contract import (
+    check_flag,
+    check_int,
+    check_qkv,
+    check_real,
+    check_sizes,
+    default_scale,
+)
 from .flash import (
     flash_attention,
     merge_partials,
@@ -80,6 +87,29 @@ def _check_layout(fn: str, layout: str) -> None:
         )
 
 
+def _check_rank(fn: str, rank, world, layout: str = "contiguous") -> None:
+    """``world`` a positive integer, ``rank`` an integer in ``[0, world)``, ``layout``
+    one of :data:`LAYOUTS`."""
+    _check_layout(fn, layout)
+    check_sizes(fn, world=world)
+    if check_int(fn, "rank", rank, minimum=0) >= world:
+        raise ValueError(f"{fn}: rank must lie in [0, world={world}), got {rank}")
+
+
+def _check_dim(fn: str, name: str, x, dim) -> None:
+    """``x`` a tensor and ``dim`` one of its dimensions."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if (
+        isinstance(dim, bool)
+        or not isinstance(dim, int)
+        or not -x.dim() <= dim < x.dim()
+    ):
+        raise ValueError(
+            f"{fn}: dim must be a dimension of {name} {tuple(x.shape)}, got {dim!r}"
+        )
+
+
 def _chunks(rank: int, world: int, n_local: int, layout: str) -> list[tuple[int, int]]:
     """The chunks of rank ``rank``'s shard: ``(global_start, length)`` in local order.
 
@@ -108,9 +138,8 @@ def shard_positions(
     zigzag): pad the sequence at its end first.
     """
     fn = "shard_positions"
-    _check_layout(fn, layout)
-    if not 0 <= rank < world:
-        raise ValueError(f"{fn}: rank must lie in [0, world={world}), got {rank}")
+    _check_rank(fn, rank, world, layout)
+    check_int(fn, "seq_len", seq_len, minimum=0)
     parts = world * (2 if layout == "zigzag" else 1)
     if seq_len % parts:
         raise ValueError(
@@ -137,8 +166,19 @@ def shard(
     """Rank ``rank``'s shard of the full tensor ``x`` along ``dim`` (the sequence, -2
     in ``(B, H, L, D)``): ``x.index_select(dim, shard_positions(...))``, shape ``(...,
     L / world, ...)``."""
+    _check_dim("shard", "x", x, dim)
     positions = shard_positions(rank, world, x.shape[dim], layout=layout)
     return x.index_select(dim, positions.to(x.device))
+
+
+def _check_shard_list(shards, dim) -> None:
+    if not isinstance(shards, (list, tuple)) or not shards:
+        raise ValueError(
+            "unshard: shards must be a non-empty list of equal-length shards, got "
+            f"{shards!r}"
+        )
+    for r, s in enumerate(shards):
+        _check_dim("unshard", f"shards[{r}]", s, dim)
 
 
 def unshard(
@@ -150,8 +190,9 @@ def unshard(
     The shards are concatenated and their positions put back in order with the inverse
     of the permutation ``cat(shard_positions(r) for r)``.
     """
+    _check_shard_list(shards, dim)
     lengths = {s.shape[dim] for s in shards}
-    if not shards or len(lengths) != 1:
+    if len(lengths) != 1:
         raise ValueError(
             "unshard: shards must be a non-empty list of equal-length shards, got "
             f"lengths {[s.shape[dim] for s in shards]} along dim {dim}"
@@ -269,6 +310,14 @@ def _check_shards(fn, q, k, v, group) -> _Ring:
     rank = dist.get_rank(group)
     ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
     return _Ring(world, rank, ranks[(rank + 1) % world], ranks[rank - 1], group)
+
+
+def _check_options(fn: str, is_causal, scale, return_stats, layout="contiguous"):
+    _check_layout(fn, layout)
+    check_flag(fn, "is_causal", is_causal)
+    check_flag(fn, "return_stats", return_stats)
+    if scale is not None:
+        check_real(fn, "scale", scale)
 
 
 # --------------------------------------------------------------------------------------
@@ -461,7 +510,7 @@ def ring_attention(
     the backward pass runs.
     """
     fn = "ring_attention"
-    _check_layout(fn, layout)
+    _check_options(fn, is_causal, scale, return_stats, layout)
     ring = _check_shards(fn, q, k, v, group)
     n = q.shape[-2]
     if layout == "zigzag" and n % 2:
@@ -547,6 +596,7 @@ def ulysses_attention(
     :class:`CommStats`.
     """
     fn = "ulysses_attention"
+    _check_options(fn, is_causal, scale, return_stats)
     ring = _check_shards(fn, q, k, v, group)
     for name, heads in (("n_heads", q.shape[-3]), ("n_kv_heads", k.shape[-3])):
         if heads % ring.world:
@@ -571,11 +621,22 @@ def ulysses_attention(
 # Communication and work in closed form
 # --------------------------------------------------------------------------------------
 def _local_length(fn: str, seq_len: int, world: int) -> int:
-    if world < 1 or seq_len % world:
+    check_sizes(fn, seq_len=seq_len, world=world)
+    if seq_len % world:
         raise ValueError(
             f"{fn}: seq_len={seq_len} must split evenly over world={world} ranks"
         )
     return seq_len // world
+
+
+def _check_bytes_sizes(fn: str, batch, heads, head_dim, bytes_per_elem) -> None:
+    check_sizes(fn, batch=batch, heads=heads, head_dim=head_dim)
+    check_sizes(fn, bytes_per_elem=bytes_per_elem)
+
+
+def _check_optional_sizes(fn: str, **sizes) -> None:
+    """Each of ``sizes`` None (its default) or a positive integer."""
+    check_sizes(fn, **{name: v for name, v in sizes.items() if v is not None})
 
 
 def ring_bytes_per_rank(
@@ -600,6 +661,8 @@ def ring_bytes_per_rank(
     per key/value head however many ranks share the sequence.
     """
     n = _local_length("ring_bytes_per_rank", seq_len, world)
+    _check_bytes_sizes("ring_bytes_per_rank", batch, heads, head_dim, bytes_per_elem)
+    _check_optional_sizes("ring_bytes_per_rank", kv_heads=kv_heads, value_dim=value_dim)
     kv_heads = heads if kv_heads is None else kv_heads
     value_dim = head_dim if value_dim is None else value_dim
     block = batch * kv_heads * n * (head_dim + value_dim)
@@ -633,12 +696,22 @@ def ulysses_bytes_per_rank(
     elements of ``bytes_per_elem``. The backward pass sends ``dO`` one way and ``dQ,
     dK, dV`` the other: the same.
     """
-    n = _local_length("ulysses_bytes_per_rank", seq_len, world)
+    fn = "ulysses_bytes_per_rank"
+    n = _local_length(fn, seq_len, world)
+    _check_bytes_sizes(fn, batch, heads, head_dim, bytes_per_elem)
+    _check_optional_sizes(fn, kv_heads=kv_heads, value_dim=value_dim)
     kv_heads = heads if kv_heads is None else kv_heads
     value_dim = head_dim if value_dim is None else value_dim
     shards = batch * n * (heads + kv_heads) * (head_dim + value_dim)
     sent = shards * (world - 1) // world * bytes_per_elem
     return {"forward": sent, "backward": sent}
+
+
+def _check_pairs(seq_len, world, layout, is_causal) -> None:
+    fn = "pairs_per_rank"
+    _check_rank(fn, 0, world, layout)
+    check_int(fn, "seq_len", seq_len, minimum=0)
+    check_flag(fn, "is_causal", is_causal)
 
 
 def pairs_per_rank(
@@ -652,6 +725,7 @@ def pairs_per_rank(
     the first rank to ``(2 W - 1) n^2 / 2`` for the last. Zigzag: every rank ``c^2 (2 W
     - 1) + c (c + 1)`` with ``c = n / 2``, the average.
     """
+    _check_pairs(seq_len, world, layout, is_causal)
     work = []
     for r in range(world):
         positions = shard_positions(r, world, seq_len, layout=layout)
@@ -664,6 +738,17 @@ def pairs_per_rank(
 # --------------------------------------------------------------------------------------
 # Running on local ranks
 # --------------------------------------------------------------------------------------
+def _check_on_rank(fn: str, rank, world_size, method, layout, repeat=1) -> None:
+    if method not in ("ring", "ulysses"):
+        raise ValueError(f"{fn}: method must be 'ring' or 'ulysses', got {method!r}")
+    check_sizes(fn, world_size=world_size, repeat=repeat)
+    if check_int(fn, "rank", rank, minimum=0) >= world_size:
+        raise ValueError(
+            f"{fn}: rank must lie in [0, world_size={world_size}), got {rank}"
+        )
+    _check_layout(fn, layout)
+
+
 def attention_on_rank(
     rank: int,
     world_size: int,
@@ -688,10 +773,7 @@ def attention_on_rank(
     :class:`CommStats`. Bind the flags with ``functools.partial``. With a ``group``,
     the rank and size within it replace ``rank`` and ``world_size``.
     """
-    if method not in ("ring", "ulysses"):
-        raise ValueError(
-            f"attention_on_rank: method must be 'ring' or 'ulysses', got {method!r}"
-        )
+    _check_on_rank("attention_on_rank", rank, world_size, method, layout)
     if group is not None:
         rank, world_size = dist.get_rank(group), dist.get_world_size(group)
     q, k, v = (
@@ -733,6 +815,7 @@ def time_on_rank(
     one the whole group waits for. Returns ``{"seconds", "stats"}`` (the
     :class:`CommStats` of the last run).
     """
+    _check_on_rank("time_on_rank", rank, world_size, method, layout, repeat)
     q, k, v = (shard(t, rank, world_size, layout=layout) for t in (q, k, v))
     grad = torch.ones(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
     best = math.inf
@@ -755,11 +838,21 @@ def time_on_rank(
     return {"seconds": best, "stats": stats}
 
 
+def _check_in_turn(rank, world_size, fns) -> None:
+    fn = "in_turn"
+    check_sizes(fn, world_size=world_size)
+    check_int(fn, "rank", rank, minimum=0)
+    bad = [i for i, f in enumerate(fns) if not callable(f)]
+    if bad:
+        raise TypeError(f"{fn}: fns must be callables, got {[fns[i] for i in bad]!r}")
+
+
 def in_turn(rank: int, world_size: int, *fns: Callable) -> list:
     """Run several rank functions one after another in the same processes, so that
     one :func:`run_on_ranks` (one spawn, the slow part) serves many experiments:
     ``run_on_ranks(in_turn, W, f, g)`` returns, per rank, ``[f(rank, W), g(rank,
     W)]``. Bind each function's arguments with ``functools.partial``."""
+    _check_in_turn(rank, world_size, fns)
     return [fn(rank, world_size) for fn in fns]
 
 
@@ -793,6 +886,18 @@ def _worker(rank, world_size, port, backend, timeout_s, fn, args, results):
     results.put((rank, True, payload))
 
 
+def _check_run(fn, world_size, backend, timeout) -> None:
+    name = "run_on_ranks"
+    if not callable(fn):
+        raise TypeError(f"{name}: fn must be a callable, got {type(fn).__name__}")
+    check_int(name, "world_size", world_size, minimum=1)
+    if backend not in ("gloo", "nccl", "mpi"):
+        raise ValueError(
+            f"{name}: backend must be 'gloo', 'nccl' or 'mpi', got {backend!r}"
+        )
+    check_real(name, "timeout", timeout, above=0)
+
+
 def run_on_ranks(
     fn: Callable,
     world_size: int,
@@ -812,8 +917,7 @@ def run_on_ranks(
     dies, the others are stopped and ``RuntimeError`` carries its traceback or exit
     code; after ``timeout`` seconds without all results, ``TimeoutError``.
     """
-    if world_size < 1:
-        raise ValueError(f"run_on_ranks: world_size must be >= 1, got {world_size}")
+    _check_run(fn, world_size, backend, timeout)
     ctx = torch.multiprocessing.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
@@ -861,6 +965,17 @@ def run_on_ranks(
 # --------------------------------------------------------------------------------------
 # How long a context fits: memory per GPU
 # --------------------------------------------------------------------------------------
+def _check_model_sizes(
+    n_params, n_layers, d_model, d_ff, n_heads, n_kv_heads, head_dim, bytes_per_elem
+) -> None:
+    fn = "context_memory_bytes"
+    check_int(fn, "n_params", n_params, minimum=0)
+    check_int(fn, "d_ff", d_ff, minimum=0)
+    check_sizes(fn, n_layers=n_layers, d_model=d_model, n_heads=n_heads)
+    check_sizes(fn, n_kv_heads=n_kv_heads, head_dim=head_dim)
+    check_sizes(fn, bytes_per_elem=bytes_per_elem)
+
+
 def context_memory_bytes(
     seq_len: int,
     world: int,
@@ -904,6 +1019,9 @@ def context_memory_bytes(
     if method not in ("ring", "ulysses"):
         raise ValueError(f"{fn}: method must be 'ring' or 'ulysses', got {method!r}")
     n = _local_length(fn, seq_len, world)
+    _check_model_sizes(
+        n_params, n_layers, d_model, d_ff, n_heads, n_kv_heads, head_dim, bytes_per_elem
+    )
     if method == "ulysses" and n_kv_heads % world:
         raise ValueError(
             f"{fn}: Ulysses splits the heads over the GPUs, and n_kv_heads="
@@ -929,6 +1047,11 @@ def context_memory_bytes(
     return terms
 
 
+def _check_largest(gpu_bytes, world, multiple) -> None:
+    check_int("largest_context", "gpu_bytes", gpu_bytes, minimum=0)
+    check_sizes("largest_context", world=world, multiple=multiple)
+
+
 def largest_context(
     gpu_bytes: int, world: int, *, multiple: int = 1024, **config
 ) -> int:
@@ -940,6 +1063,7 @@ def largest_context(
     answer grows linearly with ``world``: ``world`` times the tokens one GPU's free
     memory holds.
     """
+    _check_largest(gpu_bytes, world, multiple)
     step = multiple * world
     fixed = context_memory_bytes(step, world, **config)
     per_step = fixed["total"] - fixed["weights"]

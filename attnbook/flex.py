@@ -43,7 +43,15 @@ from collections.abc import Callable
 import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, or_masks
 
-from .contract import check_qkv, default_scale, grouped_kv
+from .contract import (
+    check_flag,
+    check_indices,
+    check_int,
+    check_qkv,
+    check_real,
+    default_scale,
+    grouped_kv,
+)
 from .core import masked_softmax
 from .positional import T5RelativeBias, alibi_slopes, t5_relative_position_bucket
 
@@ -68,18 +76,9 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 # Argument checks
 # --------------------------------------------------------------------------------------
-def _int(fn: str, name: str, value, low: int) -> int:
-    """``value`` as an int ``>= low``; ``TypeError`` / ``ValueError`` naming it."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise TypeError(f"{fn}: {name} must be an integer, got {value!r}")
-    if value < low:
-        raise ValueError(f"{fn}: {name} must be an integer >= {low}, got {value!r}")
-    return int(value)
-
-
 def _lengths(fn: str, L: int, S: int | None) -> tuple[int, int]:
-    L = _int(fn, "L", L, 0)
-    return L, L if S is None else _int(fn, "S", S, 0)
+    L = check_int(fn, "L", L, 0)
+    return L, L if S is None else check_int(fn, "S", S, 0)
 
 
 def _index_tensor(fn: str, name: str, t, dims: int) -> torch.Tensor:
@@ -117,6 +116,17 @@ def causal_mask_mod(L: int, S: int | None = None) -> Callable:
     return causal
 
 
+def _check_sliding_window(window, is_causal, dilation, L, S) -> int:
+    """The checks of :func:`sliding_window_mask_mod`; returns the shift ``S - L``."""
+    fn = "sliding_window_mask_mod"
+    check_int(fn, "window", window, 0)
+    check_int(fn, "dilation", dilation, 1)
+    check_flag(fn, "is_causal", is_causal)
+    if (L is None) != (S is None):
+        raise ValueError(f"{fn}: give both L and S or neither, got L={L!r}, S={S!r}")
+    return 0 if L is None else _lengths(fn, L, S)[1] - L
+
+
 def sliding_window_mask_mod(
     window: int,
     *,
@@ -132,12 +142,7 @@ def sliding_window_mask_mod(
     ``window`` neighbours on each side spaced ``dilation`` apart (Longformer's dilated
     window when ``dilation > 1``). Give ``L`` and ``S`` (both) for ``L != S``.
     """
-    fn = "sliding_window_mask_mod"
-    window = _int(fn, "window", window, 0)
-    dilation = _int(fn, "dilation", dilation, 1)
-    if (L is None) != (S is None):
-        raise ValueError(f"{fn}: give both L and S or neither, got L={L!r}, S={S!r}")
-    shift = 0 if L is None else _lengths(fn, L, S)[1] - L
+    shift = _check_sliding_window(window, is_causal, dilation, L, S)
     reach = window * dilation
 
     def sliding_window(b, h, q_idx, kv_idx):
@@ -166,7 +171,7 @@ def window_size_mask_mod(
         raise TypeError(
             f"{fn}: window_size must be a pair (left, right), got {window_size!r}"
         )
-    left, right = (_int(fn, "window_size", side, -1) for side in window_size)
+    left, right = (check_int(fn, "window_size", side, -1) for side in window_size)
     L, S = _lengths(fn, L, S)
     shift = S - L
 
@@ -189,12 +194,8 @@ def global_mask_mod(seq_len: int, global_idx, *, device=None) -> Callable:
     ``is_global`` is a bool ``(seq_len,)`` tensor on ``device`` read by the mod.
     """
     fn = "global_mask_mod"
-    seq_len = _int(fn, "seq_len", seq_len, 1)
-    idx = _index_tensor(fn, "global_idx", global_idx, 1).long()
-    if idx.numel() and (idx.min() < 0 or idx.max() >= seq_len):
-        raise ValueError(
-            f"{fn}: global_idx must lie in [0, seq_len={seq_len}), got {idx.tolist()}"
-        )
+    seq_len = check_int(fn, "seq_len", seq_len, 1)
+    idx = check_indices(fn, "global_idx", global_idx, size=seq_len)
     is_global = torch.zeros(seq_len, dtype=torch.bool)
     is_global[idx] = True
     is_global = is_global.to(device)
@@ -205,11 +206,20 @@ def global_mask_mod(seq_len: int, global_idx, *, device=None) -> Callable:
     return global_tokens
 
 
+def _check_longformer(seq_len, window, global_idx, dilation) -> None:
+    fn = "longformer_mask_mod"
+    seq_len = check_int(fn, "seq_len", seq_len, 1)
+    check_int(fn, "window", window, 0)
+    check_int(fn, "dilation", dilation, 1)
+    check_indices(fn, "global_idx", global_idx, size=seq_len)
+
+
 def longformer_mask_mod(
     seq_len: int, window: int, global_idx, dilation: int = 1, *, device=None
 ) -> Callable:
     """:func:`attnbook.sparse.longformer_mask` as a mask_mod: the (dilated) sliding
     window OR the global tokens, combined with FlexAttention's ``or_masks``."""
+    _check_longformer(seq_len, window, global_idx, dilation)
     return or_masks(
         sliding_window_mask_mod(window, dilation=dilation),
         global_mask_mod(seq_len, global_idx, device=device),
@@ -241,7 +251,7 @@ def block_mask_mod(block_mask: torch.Tensor, block_size: int) -> Callable:
     """
     fn = "block_mask_mod"
     _check_block_mask(fn, block_mask)
-    block_size = _int(fn, "block_size", block_size, 1)
+    block_size = check_int(fn, "block_size", block_size, 1)
 
     def blocks(b, h, q_idx, kv_idx):
         return block_mask[q_idx // block_size, kv_idx // block_size]
@@ -270,10 +280,10 @@ def flex_block_mask(
     """
     fn = "flex_block_mask"
     _check_block_mask(fn, block_mask)
-    block_size = _int(fn, "block_size", block_size, 1)
+    block_size = check_int(fn, "block_size", block_size, 1)
     n_q, n_k = block_mask.shape
-    L = n_q * block_size if L is None else _int(fn, "L", L, 1)
-    S = n_k * block_size if S is None else _int(fn, "S", S, 1)
+    L = n_q * block_size if L is None else check_int(fn, "L", L, 1)
+    S = n_k * block_size if S is None else check_int(fn, "S", S, 1)
     if (n_q, n_k) != (-(-L // block_size), -(-S // block_size)):
         raise ValueError(
             f"{fn}: block_mask of shape {tuple(block_mask.shape)} does not cover L={L}"
@@ -351,6 +361,7 @@ def document_mask(
     end is at least the query's. With one id list this is ``kv_idx <= q_idx``.
     """
     fn = "document_mask"
+    is_causal = check_flag(fn, "is_causal", is_causal)
     q_ids = _index_tensor(fn, "doc_ids", doc_ids, 1)
     kv_ids = q_ids if kv_doc_ids is None else kv_doc_ids
     kv_ids = _index_tensor(fn, "kv_doc_ids", kv_ids, 1)
@@ -395,7 +406,7 @@ def alibi_score_mod(
     ``(n_heads,)`` float32 slopes on ``device``.
     """
     fn = "alibi_score_mod"
-    slopes = alibi_slopes(_int(fn, "n_heads", n_heads, 1)).to(device)
+    slopes = alibi_slopes(check_int(fn, "n_heads", n_heads, 1)).to(device)
     L, S = _lengths(fn, L, S)
     shift = S - L
 
@@ -507,6 +518,8 @@ def flex_reference(
 
     fn = "flex_reference"
     check_qkv(fn, q, k, v)
+    if scale is not None:
+        check_real(fn, "scale", scale)
     rank = max(q.dim(), k.dim())
     if not q.dim() == k.dim() == v.dim() == 4:
         # the contract's other ranks, and mixed ranks (leading dims broadcast): the

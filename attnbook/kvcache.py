@@ -37,7 +37,16 @@ import math
 import torch
 from torch import nn
 
-from .contract import check_cache_update, check_decode, expand_kv_heads
+from .contract import (
+    check_cache_update,
+    check_decode,
+    check_flag,
+    check_float,
+    check_int,
+    check_real,
+    check_sizes,
+    expand_kv_heads,
+)
 from .flash import merge_partials
 from .positional import transformer_xl_relative_embeddings, transformer_xl_scores
 
@@ -67,6 +76,17 @@ class CacheFullError(ValueError):
 # --------------------------------------------------------------------------------------
 # Why decoding is memory-bound
 # --------------------------------------------------------------------------------------
+def _check_intensity(n_heads, n_kv_heads, head_dim, bytes_per_element, batch, seq_len):
+    fn = "decode_arithmetic_intensity"
+    sizes = dict(n_heads=n_heads, n_kv_heads=n_kv_heads, head_dim=head_dim)
+    sizes |= dict(bytes_per_element=bytes_per_element, batch=batch)
+    check_sizes(fn, **sizes, **({} if seq_len is None else {"seq_len": seq_len}))
+    if n_heads % n_kv_heads:
+        raise ValueError(
+            f"{fn}: n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}"
+        )
+
+
 def decode_arithmetic_intensity(
     n_heads: int,
     n_kv_heads: int,
@@ -96,22 +116,7 @@ def decode_arithmetic_intensity(
     only realized by a kernel that loads each key/value tile once for all the query
     heads of its group.
     """
-    sizes = dict(
-        n_heads=n_heads,
-        n_kv_heads=n_kv_heads,
-        head_dim=head_dim,
-        bytes_per_element=bytes_per_element,
-        batch=batch,
-    )
-    if seq_len is not None:
-        sizes["seq_len"] = seq_len
-    for name, value in sizes.items():
-        if value < 1:
-            raise ValueError(f"{name} must be positive, got {value}")
-    if n_heads % n_kv_heads:
-        raise ValueError(
-            f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}"
-        )
+    _check_intensity(n_heads, n_kv_heads, head_dim, bytes_per_element, batch, seq_len)
     if seq_len is None:
         return 2 / bytes_per_element * n_heads / n_kv_heads
     flops = 4 * batch * n_heads * seq_len * head_dim
@@ -148,8 +153,7 @@ def kv_cache_bytes(
         batch=batch,
         bytes_per_elem=bytes_per_elem,
     ).items():
-        if value < 0:
-            raise ValueError(f"{name} must be non-negative, got {value}")
+        check_int("kv_cache_bytes", name, value, 0)
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * batch * bytes_per_elem
 
 
@@ -186,6 +190,7 @@ def model_cache_table(
     With a sliding window (Mistral) the cache never holds more than ``window``
     positions, so the ``cached positions`` column is ``min(context, window)``.
     """
+    check_sizes("model_cache_table", bytes_per_elem=bytes_per_elem, batch=batch)
     rows = []
     for name, cfg in MODEL_CONFIGS.items():
         positions = min(cfg["context"], cfg.get("window", cfg["context"]))
@@ -214,6 +219,36 @@ def model_cache_table(
 # --------------------------------------------------------------------------------------
 
 
+def _check_cache(fn: str, dtype, **sizes) -> None:
+    """Every size a positive integer and ``dtype`` a floating torch.dtype."""
+    check_sizes(fn, **sizes)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{fn}: dtype must be a floating torch.dtype, got {dtype!r}")
+
+
+def _check_layer(fn: str, layer, n_layers: int) -> None:
+    """``layer`` an int in ``[0, n_layers)`` (a negative index is refused)."""
+    if check_int(fn, "layer", layer, 0) >= n_layers:
+        raise ValueError(f"{fn}: layer must be in [0, {n_layers}), got {layer}")
+
+
+def _check_update(fn, cache, layer, k_new, v_new, names=("k_new", "v_new")) -> None:
+    """The contract's rule of a cache update, and floating ``k_new``, ``v_new`` (an
+    integer tensor would be cast silently into the buffer)."""
+    check_float(fn, names[0], k_new)
+    check_float(fn, names[1], v_new)
+    if layer is None:  # PagedKVCache: one layer, (n_kv_heads, T, head_dim)
+        check_cache_update(
+            fn, k_new, v_new, cache.shape[1:2], cache.shape[-1], names=names
+        )
+        return
+    leading, n_layers = tuple(cache.shape[1:3]), cache.shape[0]
+    check_cache_update(
+        fn, k_new, v_new, leading, cache.shape[-1], layer=layer, n_layers=n_layers,
+        names=names,
+    )  # fmt: skip
+
+
 class KVCache:
     """A static KV cache: one preallocated ``(batch, n_kv_heads, max_len, head_dim)``
     buffer per layer for keys and one for values (``self.k``, ``self.v`` have shape
@@ -237,12 +272,9 @@ class KVCache:
         dtype: torch.dtype = torch.float32,
         device=None,
     ):
-        if min(n_layers, batch, n_kv_heads, head_dim, max_len) < 1:
-            raise ValueError(
-                "n_layers, batch, n_kv_heads, head_dim and max_len must be positive, "
-                "got "
-                f"{(n_layers, batch, n_kv_heads, head_dim, max_len)}"
-            )
+        sizes = dict(n_layers=n_layers, batch=batch, n_kv_heads=n_kv_heads)
+        if type(self) is KVCache:  # a subclass checks its own arguments
+            _check_cache("KVCache", dtype, **sizes, head_dim=head_dim, max_len=max_len)
         self.max_len = max_len
         shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)
@@ -256,16 +288,7 @@ class KVCache:
     def update(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        check_cache_update(
-            "KVCache.update",
-            k_new,
-            v_new,
-            tuple(self.k.shape[1:3]),
-            self.k.shape[-1],
-            layer=layer,
-            n_layers=len(self.lengths),
-            names=("k_new", "v_new"),
-        )
+        _check_update("KVCache.update", self.k, layer, k_new, v_new)
         start, T = self.lengths[layer], k_new.shape[-2]
         if start + T > self.max_len:
             raise CacheFullError(
@@ -305,12 +328,17 @@ class SlidingWindowKVCache(KVCache):
         dtype: torch.dtype = torch.float32,
         device=None,
     ):
+        sizes = dict(n_layers=n_layers, batch=batch, n_kv_heads=n_kv_heads)
+        _check_cache(
+            "SlidingWindowKVCache", dtype, **sizes, head_dim=head_dim, window=window
+        )
         super().__init__(n_layers, batch, n_kv_heads, head_dim, window, dtype, device)
         self.window = window
 
     def retained(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The retained keys and values of ``layer`` in position order, ``(...,
         min(length, window), head_dim)``."""
+        _check_layer("SlidingWindowKVCache.retained", layer, len(self.lengths))
         n = self.lengths[layer]
         slots = (
             torch.arange(max(0, n - self.window), n, device=self.k.device) % self.window
@@ -320,16 +348,7 @@ class SlidingWindowKVCache(KVCache):
     def update(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        check_cache_update(
-            "SlidingWindowKVCache.update",
-            k_new,
-            v_new,
-            tuple(self.k.shape[1:3]),
-            self.k.shape[-1],
-            layer=layer,
-            n_layers=len(self.lengths),
-            names=("k_new", "v_new"),
-        )
+        _check_update("SlidingWindowKVCache.update", self.k, layer, k_new, v_new)
         k_old, v_old = self.retained(layer)
         k_all, v_all = (
             torch.cat((k_old, k_new), dim=-2),
@@ -347,6 +366,15 @@ class SlidingWindowKVCache(KVCache):
 # --------------------------------------------------------------------------------------
 # Segment-level recurrence: Transformer-XL and the Compressive Transformer
 # --------------------------------------------------------------------------------------
+def _check_compress(fn: str, states, rate) -> None:
+    check_float(fn, "states", states)
+    if states.dim() < 2:
+        raise ValueError(
+            f"{fn}: states must have shape (..., n, d), got {tuple(states.shape)}"
+        )
+    check_int(fn, "rate", rate)
+
+
 def compress_memories(states: torch.Tensor, rate: int) -> torch.Tensor:
     """Mean-pool ``states`` ``(..., n, d)`` over runs of ``rate`` consecutive positions:
     ``(..., ceil(n / rate), d)``, the last run possibly shorter.
@@ -355,8 +383,7 @@ def compress_memories(states: torch.Tensor, rate: int) -> torch.Tensor:
     al., 2020), which also tries max-pooling and learned (dilated) convolutions of
     stride ``rate``.
     """
-    if rate < 1:
-        raise ValueError(f"rate must be positive, got {rate}")
+    _check_compress("compress_memories", states, rate)
     n = states.shape[-2]
     slots = -(-n // rate)
     pad = slots * rate - n
@@ -394,22 +421,36 @@ class SegmentMemory:
         compressed_len: int = 0,
         compression_rate: int = 2,
     ):
-        if n_layers < 1 or min(mem_len, compressed_len) < 0 or compression_rate < 1:
-            raise ValueError(
-                "n_layers and compression_rate must be positive, mem_len and "
-                "compressed_len non-negative, got "
-                f"{(n_layers, mem_len, compressed_len, compression_rate)}"
-            )
+        fn = "SegmentMemory"
+        check_sizes(fn, n_layers=n_layers, compression_rate=compression_rate)
+        check_int(fn, "mem_len", mem_len, 0)
+        check_int(fn, "compressed_len", compressed_len, 0)
         self.mem_len, self.compressed_len = mem_len, compressed_len
         self.compression_rate = compression_rate
         self.memory: list[torch.Tensor | None] = [None] * n_layers
         self.compressed: list[torch.Tensor | None] = [None] * n_layers
 
     def context(self, layer: int) -> torch.Tensor | None:
+        _check_layer("SegmentMemory.context", layer, len(self.memory))
         parts = [
             t for t in (self.compressed[layer], self.memory[layer]) if t is not None
         ]
         return torch.cat(parts, dim=-2) if parts else None
+
+    def _check_update(self, layer, hidden) -> None:
+        fn = "SegmentMemory.update"
+        _check_layer(fn, layer, len(self.memory))
+        check_float(fn, "hidden", hidden)
+        old = self.memory[layer]
+        if hidden.dim() != 3 or (
+            old is not None
+            and (hidden.shape[::2] != old.shape[::2] or hidden.dtype != old.dtype)
+        ):
+            held = "" if old is None else f" {old.dtype} {tuple(old.shape)} held"
+            raise ValueError(
+                f"{fn}: hidden must have shape (batch, L, d_model) matching the "
+                f"memory{held}, got {hidden.dtype} {tuple(hidden.shape)}"
+            )
 
     def slots(self, layer: int) -> tuple[int, int]:
         """``(memory positions, compressed slots)`` held for ``layer``."""
@@ -419,6 +460,7 @@ class SegmentMemory:
         )
 
     def update(self, layer: int, hidden: torch.Tensor) -> None:
+        self._check_update(layer, hidden)
         hidden = hidden.detach()  # stop-gradient: SG(h) in Dai et al.
         old = self.memory[layer]
         states = hidden if old is None else torch.cat((old, hidden), dim=-2)
@@ -452,9 +494,11 @@ class RelativeSegmentAttention(nn.Module):
 
     def __init__(self, d_model: int, n_heads: int):
         super().__init__()
+        check_sizes("RelativeSegmentAttention", d_model=d_model, n_heads=n_heads)
         if d_model % n_heads:
             raise ValueError(
-                f"d_model={d_model} must be a multiple of n_heads={n_heads}"
+                f"RelativeSegmentAttention: d_model={d_model} must be a multiple of "
+                f"n_heads={n_heads}"
             )
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
         self.q_proj, self.k_proj, self.v_proj, self.r_proj = (
@@ -465,6 +509,7 @@ class RelativeSegmentAttention(nn.Module):
         self.v = nn.Parameter(0.1 * torch.randn(n_heads, self.head_dim))
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None):
+        self._check_forward(x, memory)
         B, L, D = x.shape
         c = x if memory is None else torch.cat((memory.detach().to(x), x), dim=-2)
         S, H, d = c.shape[1], self.n_heads, self.head_dim
@@ -476,6 +521,37 @@ class RelativeSegmentAttention(nn.Module):
         scores = transformer_xl_scores(q, k, r, self.u, self.v) / math.sqrt(d)
         out = torch.softmax(scores, dim=-1) @ val  # (B, H, L, d)
         return self.out_proj(out.transpose(1, 2).reshape(B, L, D))
+
+    def _check_forward(self, x, memory) -> None:
+        fn, D = "RelativeSegmentAttention.forward", self.n_heads * self.head_dim
+        for name, t in (("x", x), ("memory", memory)):
+            if t is None:
+                continue
+            check_float(fn, name, t)
+            if t.dim() != 3 or t.shape[-1] != D or t.shape[0] != x.shape[0]:
+                raise ValueError(
+                    f"{fn}: {name} must have shape (batch, length, d_model={D}) with "
+                    f"x's batch, got {name} {tuple(t.shape)} (x {tuple(x.shape)})"
+                )
+
+
+def _check_run_segments(layers, x, segment_len, memory) -> None:
+    fn = "run_segments"
+    check_int(fn, "segment_len", segment_len)
+    check_float(fn, "x", x)
+    if x.dim() != 3:
+        raise ValueError(
+            f"{fn}: x must have shape (B, T, d_model), got {tuple(x.shape)}"
+        )
+    if memory is not None and not isinstance(memory, SegmentMemory):
+        raise TypeError(
+            f"{fn}: memory must be a SegmentMemory or None, got {type(memory).__name__}"
+        )
+    if memory is not None and len(memory.memory) != len(layers):
+        raise ValueError(
+            f"{fn}: memory has {len(memory.memory)} layers, the stack {len(layers)}: "
+            "memory needs one per layer"
+        )
 
 
 def run_segments(
@@ -491,12 +567,7 @@ def run_segments(
     segment is processed alone (a vanilla Transformer on fixed-length segments).
     Returns the top layer's states, ``(B, T, d_model)``.
     """
-    if segment_len < 1:
-        raise ValueError(f"segment_len must be positive, got {segment_len}")
-    if memory is not None and len(memory.memory) != len(layers):
-        raise ValueError(
-            f"memory has {len(memory.memory)} layers, the stack {len(layers)}"
-        )
+    _check_run_segments(layers, x, segment_len, memory)
     outputs = []
     for start in range(0, x.shape[1], segment_len):
         h = x[:, start : start + segment_len]
@@ -507,7 +578,7 @@ def run_segments(
                 memory.update(layer_index, h)
             h = out
         outputs.append(h)
-    return torch.cat(outputs, dim=1)
+    return torch.cat(outputs, dim=1) if outputs else x.clone()
 
 
 class PagedKVCache:
@@ -531,11 +602,8 @@ class PagedKVCache:
         dtype: torch.dtype = torch.float32,
         device=None,
     ):
-        if min(n_blocks, block_size, n_kv_heads, head_dim) < 1:
-            raise ValueError(
-                "n_blocks, block_size, n_kv_heads and head_dim must be positive, got "
-                f"{(n_blocks, block_size, n_kv_heads, head_dim)}"
-            )
+        sizes = dict(n_blocks=n_blocks, block_size=block_size, n_kv_heads=n_kv_heads)
+        _check_cache("PagedKVCache", dtype, **sizes, head_dim=head_dim)
         self.block_size = block_size
         self.k_pool = torch.zeros(
             n_blocks, n_kv_heads, block_size, head_dim, dtype=dtype, device=device
@@ -548,21 +616,24 @@ class PagedKVCache:
     def allocate(self, seq_id) -> None:
         """Start an empty sequence (no block is taken until the first append)."""
         if seq_id in self.block_tables:
-            raise ValueError(f"sequence {seq_id!r} is already allocated")
+            raise ValueError(
+                f"PagedKVCache.allocate: seq_id {seq_id!r} is already allocated"
+            )
         self.block_tables[seq_id], self.lengths[seq_id] = [], 0
 
-    def _table(self, seq_id) -> list[int]:
+    def _table(self, seq_id, fn: str) -> list[int]:
         if seq_id not in self.block_tables:
-            raise ValueError(f"seq_id {seq_id!r} is not allocated")
+            raise ValueError(
+                f"{fn}: seq_id {seq_id!r} is not allocated (allocated: "
+                f"{list(self.block_tables)})"
+            )
         return self.block_tables[seq_id]
 
     def append(self, seq_id, k: torch.Tensor, v: torch.Tensor) -> None:
         """Append ``T`` positions ``k, v: (n_kv_heads, T, head_dim)`` to ``seq_id``,
         taking blocks as needed."""
-        table = self._table(seq_id)
-        check_cache_update(
-            "PagedKVCache.append", k, v, (self.k_pool.shape[1],), self.k_pool.shape[-1]
-        )
+        table = self._table(seq_id, "PagedKVCache.append")
+        _check_update("PagedKVCache.append", self.k_pool, None, k, v, ("k", "v"))
         n, T = self.lengths[seq_id], k.shape[-2]
         needed = -(-(n + T) // self.block_size) - len(table)
         if needed > len(self.free_blocks):
@@ -580,7 +651,7 @@ class PagedKVCache:
     def gather(self, seq_id) -> tuple[torch.Tensor, torch.Tensor]:
         """The contiguous ``(n_kv_heads, length, head_dim)`` keys and values of
         ``seq_id``."""
-        table, n = self._table(seq_id), self.lengths[seq_id]
+        table, n = self._table(seq_id, "PagedKVCache.gather"), self.lengths[seq_id]
         # (h, blocks * block_size, d) -> valid
         k = self.k_pool[table].transpose(0, 1).flatten(1, 2)[:, :n]
         v = self.v_pool[table].transpose(0, 1).flatten(1, 2)[:, :n]
@@ -588,7 +659,7 @@ class PagedKVCache:
 
     def free(self, seq_id) -> None:
         """Return the sequence's blocks to the pool."""
-        self.free_blocks.extend(self._table(seq_id))
+        self.free_blocks.extend(self._table(seq_id, "PagedKVCache.free"))
         del self.block_tables[seq_id], self.lengths[seq_id]
 
     def wasted_slots(self) -> int:
@@ -603,6 +674,16 @@ class PagedKVCache:
 # --------------------------------------------------------------------------------------
 # Split-KV decoding (flash-decoding)
 # --------------------------------------------------------------------------------------
+def _check_split_kv(fn, q, k_cache, v_cache, cache_seqlens, num_splits, scale) -> None:
+    """The contract's decode checks, ``num_splits`` an int >= 1 (None where the
+    caller has a default) and ``scale`` None or a finite number."""
+    check_decode(fn, q, k_cache, v_cache, cache_seqlens)
+    if num_splits is not None:
+        check_int(fn, "num_splits", num_splits)
+    if scale is not None:
+        check_real(fn, "scale", scale)
+
+
 def split_kv_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -636,9 +717,9 @@ def split_kv_attention(
     Returns ``(batch, heads, 1, Ev)``; a sequence with length 0 gets zeros. Splits run
     in fp32 and merge with :func:`attnbook.flash.merge_partials`.
     """
-    check_decode("split_kv_attention", q, k_cache, v_cache, cache_seqlens)
-    if num_splits < 1:
-        raise ValueError(f"num_splits must be positive, got {num_splits}")
+    _check_split_kv(
+        "split_kv_attention", q, k_cache, v_cache, cache_seqlens, num_splits, scale
+    )
     B, H, _, d = q.shape
     S = k_cache.shape[2]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
@@ -691,11 +772,13 @@ def decode_attention(
     otherwise. Shapes as in :func:`split_kv_attention`. With ``return_backend=True``
     it returns ``(out, backend)``, the backend that ran.
     """
+    fn = "decode_attention"
     if backend not in ("auto", "triton", "torch"):
         raise ValueError(
-            f"backend must be 'auto', 'triton' or 'torch', got {backend!r}"
+            f"{fn}: backend must be 'auto', 'triton' or 'torch', got {backend!r}"
         )
-    check_decode("decode_attention", q, k_cache, v_cache, cache_seqlens)
+    return_backend = check_flag(fn, "return_backend", return_backend)
+    _check_split_kv(fn, q, k_cache, v_cache, cache_seqlens, num_splits, scale)
     if backend == "auto":
         from .kernels import plan_for
 
@@ -708,6 +791,11 @@ def decode_attention(
         )
     else:
         out = split_kv_attention(
-            q, k_cache, v_cache, cache_seqlens, num_splits=num_splits or 4, scale=scale
+            q,
+            k_cache,
+            v_cache,
+            cache_seqlens,
+            num_splits=4 if num_splits is None else num_splits,
+            scale=scale,
         )
     return (out, backend) if return_backend else out

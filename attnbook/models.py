@@ -56,6 +56,7 @@ from torch.nn import functional as F
 from .serving import LatentKVCache, MultiHeadLatentAttention
 from .contract import check_sizes as _check_sizes
 from .contract import check_key_padding_mask
+from .contract import check_float
 from .core import MultiHeadAttention, scaled_dot_product_attention
 from .data import BOS, EOS, PAD
 from .kernels import plan_for
@@ -103,6 +104,19 @@ def _check_rate(fn: str, name: str, p) -> None:
     """A probability in ``[0, 1)``; NaN is refused."""
     if not _is_real(p) or not 0.0 <= p < 1.0:
         raise ValueError(f"{fn}: {name} must be a number in [0, 1), got {p!r}")
+
+
+def _check_width(fn: str, x, width: int, shape: str = "(..., d_model={})") -> None:
+    """``x`` a floating tensor whose last dimension is ``width``."""
+    check_float(fn, "x", x)
+    if (
+        x.dim() < 1
+        or x.shape[-1] != width
+        or (shape.startswith("(batch") and x.dim() != 3)
+    ):
+        raise ValueError(
+            f"{fn}: x must have shape {shape.format(width)}, got {tuple(x.shape)}"
+        )
 
 
 def _check_config(fn: str, config) -> None:
@@ -365,11 +379,7 @@ class Attention(MultiHeadAttention):
         ``out_proj`` (0 removes the head). ``return_weights=True`` also returns the
         weights ``(B, n_heads, T, S)``.
         """
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(
-                f"Attention: x must have shape (batch, seq, d_model={self.d_model}), "
-                f"got {tuple(x.shape)}"
-            )
+        _check_width("Attention", x, self.d_model, "(batch, seq, d_model={})")
         B, T, _ = x.shape
         offset = cache.length if cache is not None else 0
         q = self._split(self.q_proj(x), self.n_heads)
@@ -539,6 +549,7 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_width("MLP.forward", x, self.proj.out_features)
         if self.gated:
             return self.dropout(self.proj(F.silu(self.fc(x)) * self.gate(x)))
         return self.dropout(self.proj(F.gelu(self.fc(x))))
@@ -572,6 +583,7 @@ class Block(nn.Module):
         """``(B, T, d_model)`` -> the same shape, or ``(x, weights)`` with
         ``return_weights=True``; ``head_mask`` and ``positions`` (RoPE's, of a padded
         batch) as in :class:`Attention`."""
+        _check_width("Block.forward", x, self.ln1.weight.shape[0])
         inner = x if self.post else self.ln1(x)
         out = self.attn(
             inner,
@@ -1164,6 +1176,19 @@ def head_importance(
     return torch.stack(sizes).mean(0)
 
 
+def _check_ablation(model, loss_fn) -> None:
+    config = getattr(model, "config", None)
+    if not isinstance(model, nn.Module) or not isinstance(config, TransformerConfig):
+        raise TypeError(
+            "head_ablation: model must be a model with a TransformerConfig (TinyGPT, "
+            f"TinyEncoder), got {type(model).__name__}"
+        )
+    if not callable(loss_fn):
+        raise TypeError(
+            f"head_ablation: loss_fn must be a callable, got {type(loss_fn).__name__}"
+        )
+
+
 @torch.no_grad()
 def head_ablation(
     model: nn.Module, loss_fn: Callable[[nn.Module, torch.Tensor], torch.Tensor]
@@ -1173,6 +1198,7 @@ def head_ablation(
     every other head kept (the ablation that tells which heads a behaviour needs).
     ``loss_fn(model, head_mask)`` returns a scalar, e.g. ``cross_entropy(model(x,
     head_mask=head_mask), y)``; the model runs in eval mode."""
+    _check_ablation(model, loss_fn)
     param = next(model.parameters())
     n_layers, n_heads = model.config.n_layers, model.config.n_heads
     was_training = model.training

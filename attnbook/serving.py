@@ -36,7 +36,15 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from .contract import check_cache_update
+from .contract import (
+    check_attn_mask,
+    check_cache_update,
+    check_flag,
+    check_float,
+    check_int,
+    check_real,
+    check_sizes,
+)
 from .core import scaled_dot_product_attention
 from .kvcache import (
     CacheFullError,
@@ -46,7 +54,6 @@ from .kvcache import (
     decode_attention,
 )
 from .positional import RotaryEmbedding
-from .utils import check_positive
 
 __all__ = [
     "MultiHeadLatentAttention",
@@ -82,6 +89,70 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 # Multi-head latent attention (DeepSeek-V2)
 # --------------------------------------------------------------------------------------
+def _check_mla(d_model, n_heads, kv_latent_dim, rope_dim, head_dim, q_latent_dim):
+    fn = "MultiHeadLatentAttention"
+    check_sizes(fn, d_model=d_model, n_heads=n_heads, kv_latent_dim=kv_latent_dim)
+    check_sizes(fn, rope_dim=rope_dim)
+    for name, value in (("head_dim", head_dim), ("q_latent_dim", q_latent_dim)):
+        if value is not None:
+            check_sizes(fn, **{name: value})
+    if rope_dim % 2:
+        raise ValueError(
+            f"{fn}: rope_dim must be even (RoPE rotates pairs), got {rope_dim}"
+        )
+    if head_dim is None and d_model % n_heads:
+        raise ValueError(
+            f"{fn}: d_model={d_model} must be divisible by n_heads={n_heads} "
+            "(or pass head_dim)"
+        )
+
+
+def _check_mla_options(rope_base, dropout, layer) -> None:
+    fn = "MultiHeadLatentAttention"
+    check_real(fn, "rope_base", rope_base, above=0)
+    if check_real(fn, "dropout", dropout, minimum=0) >= 1:
+        raise ValueError(f"{fn}: dropout must be in [0, 1), got {dropout!r}")
+    check_int(fn, "layer", layer, minimum=0)
+
+
+def _check_mla_input(mla, x, attn_mask, cache, is_causal, head_mask, weights):
+    fn = "MultiHeadLatentAttention.forward"
+    check_float(fn, "x", x)
+    if x.dim() != 3 or x.shape[-1] != mla.d_model:
+        raise ValueError(
+            f"{fn}: x must have shape (batch, seq, d_model={mla.d_model}), got "
+            f"{tuple(x.shape)}"
+        )
+    if cache is not None and not isinstance(cache, LatentKVCache):
+        raise TypeError(
+            f"{fn}: cache must be a LatentKVCache (MLA caches the latent, not keys "
+            f"and values), got {type(cache).__name__}"
+        )
+    if cache is not None and not mla.layer < len(cache.lengths):
+        raise ValueError(
+            f"{fn}: layer={mla.layer} is not a layer of the cache (it has "
+            f"{len(cache.lengths)})"
+        )
+    check_flag(fn, "is_causal", is_causal)
+    check_flag(fn, "return_weights", weights)
+    B, T, _ = x.shape
+    if attn_mask is not None:
+        S = T + (0 if cache is None else cache.lengths[mla.layer])
+        check_attn_mask(fn, attn_mask, (B, mla.n_heads, T, S))
+    _check_head_mask(fn, head_mask, B, mla.n_heads)
+
+
+def _check_head_mask(fn: str, head_mask, B: int, n_heads: int) -> None:
+    if head_mask is None:
+        return
+    check_float(fn, "head_mask", head_mask)
+    if tuple(head_mask.shape) not in ((n_heads,), (B, n_heads)):
+        raise ValueError(
+            f"{fn}: head_mask must have shape (n_heads={n_heads},) or (batch={B}, "
+            f"n_heads), got {tuple(head_mask.shape)}"
+        )
+
+
 class MultiHeadLatentAttention(nn.Module):
     r"""Multi-head latent attention, MLA (DeepSeek-AI, 2024, DeepSeek-V2 section 2.1).
 
@@ -139,28 +210,9 @@ class MultiHeadLatentAttention(nn.Module):
         layer: int = 0,
     ):
         super().__init__()
-        sizes = dict(
-            d_model=d_model,
-            n_heads=n_heads,
-            kv_latent_dim=kv_latent_dim,
-            rope_dim=rope_dim,
-            head_dim=1 if head_dim is None else head_dim,
-            q_latent_dim=1 if q_latent_dim is None else q_latent_dim,
-        )
-        for name, value in sizes.items():
-            if value < 1:
-                raise ValueError(f"{name} must be positive, got {value}")
-        if rope_dim % 2:
-            raise ValueError(
-                f"rope_dim must be even (RoPE rotates pairs), got {rope_dim}"
-            )
-        if head_dim is None:
-            if d_model % n_heads:
-                raise ValueError(
-                    f"d_model={d_model} must be divisible by n_heads={n_heads} "
-                    "(or pass head_dim)"
-                )
-            head_dim = d_model // n_heads
+        _check_mla(d_model, n_heads, kv_latent_dim, rope_dim, head_dim, q_latent_dim)
+        _check_mla_options(rope_base, dropout, layer)
+        head_dim = d_model // n_heads if head_dim is None else head_dim
         # lazy: attnbook.models imports this module for its MLA layer
         from .models import RMSNorm
 
@@ -239,21 +291,9 @@ class MultiHeadLatentAttention(nn.Module):
         head_mask: torch.Tensor | None = None,
         return_weights: bool = False,
     ):
-        if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(
-                f"x must have shape (batch, seq, d_model={self.d_model}), got "
-                f"{tuple(x.shape)}"
-            )
-        if cache is not None and not isinstance(cache, LatentKVCache):
-            raise TypeError(
-                "cache must be a LatentKVCache (MLA caches the latent, not keys and "
-                f"values), got {type(cache).__name__}"
-            )
-        if cache is not None and not 0 <= self.layer < len(cache.lengths):
-            raise ValueError(
-                f"layer={self.layer} is not a layer of the cache (it has "
-                f"{len(cache.lengths)})"
-            )
+        _check_mla_input(
+            self, x, attn_mask, cache, is_causal, head_mask, return_weights
+        )
         B, T, _ = x.shape
         offset = 0 if cache is None else cache.lengths[self.layer]
         c_kv, k_rope = self.latent(x, offset)
@@ -269,7 +309,7 @@ class MultiHeadLatentAttention(nn.Module):
             q = torch.cat((q_nope, q_rope), dim=-1)
             out, weights = scaled_dot_product_attention(q, k, v, attn_mask, **options)
             out = self._scale_heads(out, head_mask).transpose(1, 2)
-            out = self.out_proj(out.reshape(B, T, -1))
+            out = self.out_proj(out.reshape(B, T, self.n_heads * self.head_dim))
         else:  # absorbed: attend to the latent, one shared key/value head
             c_kv, k_rope = cache.update(self.layer, c_kv, k_rope)
             w_uk, w_uvo = self.absorbed()
@@ -288,12 +328,19 @@ class MultiHeadLatentAttention(nn.Module):
         """``out (B, n_heads, T, width)`` times ``head_mask`` per head."""
         if head_mask is None:
             return out
-        if head_mask.shape[-1] != self.n_heads or head_mask.dim() > 2:
-            raise ValueError(
-                f"head_mask must have shape (n_heads={self.n_heads},) or (batch, "
-                f"n_heads), got {tuple(head_mask.shape)}"
-            )
         return out * head_mask.to(out)[..., None, None]
+
+
+def _check_dtype(fn: str, dtype) -> None:
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{fn}: dtype must be a floating torch.dtype, got {dtype!r}")
+
+
+def _check_latent_cache(n_layers, batch, kv_latent_dim, rope_dim, max_len, dtype):
+    fn = "LatentKVCache"
+    check_sizes(fn, n_layers=n_layers, batch=batch, kv_latent_dim=kv_latent_dim)
+    check_sizes(fn, rope_dim=rope_dim, max_len=max_len)
+    _check_dtype(fn, dtype)
 
 
 class LatentKVCache:
@@ -321,11 +368,7 @@ class LatentKVCache:
         dtype: torch.dtype = torch.float32,
         device=None,
     ):
-        if min(n_layers, batch, kv_latent_dim, rope_dim, max_len) < 1:
-            raise ValueError(
-                "n_layers, batch, kv_latent_dim, rope_dim and max_len must be "
-                f"positive, got {(n_layers, batch, kv_latent_dim, rope_dim, max_len)}"
-            )
+        _check_latent_cache(n_layers, batch, kv_latent_dim, rope_dim, max_len, dtype)
         self.max_len = max_len
         self.c_kv = torch.zeros(
             n_layers, batch, max_len, kv_latent_dim, dtype=dtype, device=device
@@ -358,6 +401,8 @@ class LatentKVCache:
                 f"LatentKVCache.update: layer must be in [0, {len(self.lengths)}), "
                 f"got {layer!r}"
             )
+        for name, t in (("c_kv_new", c_kv_new), ("k_rope_new", k_rope_new)):
+            check_float("LatentKVCache.update", name, t)
         batch, width, rope = self.c_kv.shape[1], self.c_kv.shape[-1], self.rope_dim
         # the rule of attnbook.contract.check_cache_update: T >= 1 new positions
         if (
@@ -408,6 +453,18 @@ DEEPSEEK_V2: dict[str, int] = dict(
 )
 
 
+def _check_cache_kind(kind, n_kv_heads, kv_latent_dim, rope_dim) -> None:
+    fn, kinds = "cache_bytes_per_token", ("mha", "gqa", "mqa", "mla")
+    if kind not in kinds:
+        raise ValueError(f"{fn}: kind must be one of {kinds}, got {kind!r}")
+    needed = {"gqa": ("n_kv_heads",), "mla": ("kv_latent_dim", "rope_dim")}
+    given = dict(n_kv_heads=n_kv_heads, kv_latent_dim=kv_latent_dim, rope_dim=rope_dim)
+    for name in needed.get(kind, ()):
+        if given[name] is None:
+            raise ValueError(f"{fn}: kind={kind!r} needs {name}")
+        check_sizes(fn, **{name: given[name]})
+
+
 def cache_bytes_per_token(
     kind: str,
     *,
@@ -432,27 +489,18 @@ def cache_bytes_per_token(
     With DeepSeek-V2's ``d_c = 4 d_h`` and ``d_R = d_h / 2`` MLA stores ``4.5 d_h``
     numbers per layer: as much as GQA with 2.25 groups.
     """
-    kinds = ("mha", "gqa", "mqa", "mla")
-    if kind not in kinds:
-        raise ValueError(f"kind must be one of {kinds}, got {kind!r}")
-    sizes = dict(
+    _check_cache_kind(kind, n_kv_heads, kv_latent_dim, rope_dim)
+    check_sizes(
+        "cache_bytes_per_token",
         n_layers=n_layers,
         n_heads=n_heads,
         head_dim=head_dim,
         bytes_per_elem=bytes_per_elem,
     )
-    needed = {"gqa": ("n_kv_heads",), "mla": ("kv_latent_dim", "rope_dim")}
-    given = dict(n_kv_heads=n_kv_heads, kv_latent_dim=kv_latent_dim, rope_dim=rope_dim)
-    for name in needed.get(kind, ()):
-        if given[name] is None:
-            raise ValueError(f"kind={kind!r} needs {name}")
-        sizes[name] = given[name]
-    for name, value in sizes.items():
-        if value < 1:
-            raise ValueError(f"{name} must be positive, got {value}")
     if kind == "gqa" and n_heads % n_kv_heads:
         raise ValueError(
-            f"n_heads={n_heads} must be a multiple of n_kv_heads={n_kv_heads}"
+            f"cache_bytes_per_token: n_heads={n_heads} must be a multiple of "
+            f"n_kv_heads={n_kv_heads}"
         )
     if kind == "mla":
         return n_layers * (kv_latent_dim + rope_dim) * bytes_per_elem
@@ -469,16 +517,32 @@ def truncate_cache(cache: KVCache | LatentKVCache, length: int) -> None:
     ``lengths``: the stale entries behind are overwritten by the next update. A ring
     buffer (:class:`attnbook.kvcache.SlidingWindowKVCache`) or any other cache that
     overwrites old positions cannot roll back and raises ``TypeError``."""
+    fn = "truncate_cache"
     if type(cache) not in (KVCache, LatentKVCache):
         raise TypeError(
-            "cache must be a KVCache or a LatentKVCache (caches that append), got "
-            f"{type(cache).__name__}"
+            f"{fn}: cache must be a KVCache or a LatentKVCache (caches that append), "
+            f"got {type(cache).__name__}"
         )
-    if not 0 <= length <= cache.length:
+    if check_int(fn, "length", length, minimum=0) > cache.length:
         raise ValueError(
-            f"length must be in [0, cache.length={cache.length}], got {length}"
+            f"{fn}: length must be in [0, cache.length={cache.length}], got {length}"
         )
     cache.lengths = [length] * len(cache.lengths)
+
+
+def _check_sampling(fn: str, temperature, top_k, logits=None) -> None:
+    """``temperature`` a finite number >= 0, ``top_k`` None or a positive integer,
+    ``logits`` (when given) floating ``(..., vocab)`` with ``vocab >= 1``."""
+    check_real(fn, "temperature", temperature, minimum=0)
+    if top_k is not None:
+        check_sizes(fn, top_k=top_k)
+    if logits is not None:
+        check_float(fn, "logits", logits)
+        if logits.dim() < 1 or logits.shape[-1] == 0:
+            raise ValueError(
+                f"{fn}: logits must have shape (..., vocab) with vocab >= 1, got "
+                f"{tuple(logits.shape)}"
+            )
 
 
 def sampling_probs(
@@ -488,10 +552,7 @@ def sampling_probs(
     vocab)`` probabilities: ``softmax(logits / temperature)`` over the ``top_k``
     largest logits (all when ``None``); ``temperature == 0`` is greedy decoding, a
     one-hot at the argmax."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be non-negative, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be positive, got {top_k}")
+    _check_sampling("sampling_probs", temperature, top_k, logits)
     if temperature == 0:
         index = logits.argmax(-1, keepdim=True)
         return torch.zeros_like(logits).scatter_(-1, index, 1.0)
@@ -502,13 +563,59 @@ def sampling_probs(
     return torch.softmax(logits, dim=-1)
 
 
+def _check_distributions(fn: str, **tensors) -> None:
+    for name, t in tensors.items():
+        check_float(fn, name, t)
+
+
+def _check_same_distributions(p, q) -> None:
+    _check_distributions("acceptance_probability", p=p, q=q)
+    if p.shape != q.shape:
+        raise ValueError(
+            f"acceptance_probability: p and q must have the same shape (..., vocab), "
+            f"got {tuple(p.shape)} and {tuple(q.shape)}"
+        )
+
+
 def acceptance_probability(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     r"""``beta = sum_x min(p(x), q(x))`` over the last dimension: the probability that
     a token drawn from the draft's ``q`` is accepted for the target's ``p`` (Leviathan
     et al.'s :math:`\beta`; its mean over contexts is the acceptance rate
     :math:`\alpha`). ``1 - beta`` is the total variation distance of ``p`` and
     ``q``."""
+    _check_same_distributions(p, q)
     return torch.minimum(p, q).sum(-1)
+
+
+def _check_accept(p, q, draft_tokens) -> None:
+    fn = "speculative_accept"
+    _check_distributions(fn, p=p, q=q)
+    if q.dim() != 3 or p.shape != (q.shape[0], q.shape[1] + 1, q.shape[2]):
+        raise ValueError(
+            f"{fn}: p must have shape (B, k+1, vocab) and q (B, k, vocab), got "
+            f"{tuple(p.shape)} and {tuple(q.shape)}"
+        )
+    if q.shape[2] == 0:
+        raise ValueError(f"{fn}: p and q must have vocab >= 1, got {tuple(q.shape)}")
+    _check_token_ids(fn, "draft_tokens", draft_tokens, tuple(q.shape[:2]), q.shape[2])
+
+
+def _check_token_ids(fn: str, name: str, ids, shape: tuple, vocab_size: int) -> None:
+    """``ids`` an int64 tensor of ``shape`` with values in ``[0, vocab_size)``."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long:
+        raise TypeError(
+            f"{fn}: {name} must be an int64 tensor of token ids, got "
+            f"{getattr(ids, 'dtype', type(ids).__name__)}"
+        )
+    if tuple(ids.shape) != shape:
+        raise ValueError(
+            f"{fn}: {name} must have shape {shape}, got {tuple(ids.shape)}"
+        )
+    if ids.numel() and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(
+            f"{fn}: {name} holds token ids outside the vocabulary [0, {vocab_size}): "
+            f"min {int(ids.min())}, max {int(ids.max())}"
+        )
 
 
 def speculative_accept(
@@ -544,16 +651,7 @@ def speculative_accept(
     (temperature 0) the rule is deterministic: accept while the draft's argmax is the
     target's, then the target's argmax.
     """
-    if q.dim() != 3 or p.shape != (q.shape[0], q.shape[1] + 1, q.shape[2]):
-        raise ValueError(
-            "p must have shape (B, k+1, vocab) and q (B, k, vocab), got "
-            f"{tuple(p.shape)} and {tuple(q.shape)}"
-        )
-    if tuple(draft_tokens.shape) != tuple(q.shape[:2]):
-        raise ValueError(
-            f"draft_tokens must have shape {tuple(q.shape[:2])} (B, k), got "
-            f"{tuple(draft_tokens.shape)}"
-        )
+    _check_accept(p, q, draft_tokens)
     B, k, V = q.shape
     p_x = p[:, :k].gather(-1, draft_tokens[..., None])[..., 0]
     q_x = q.gather(-1, draft_tokens[..., None])[..., 0]
@@ -596,6 +694,31 @@ class SpeculativeStats:
         return self.generated / self.target_calls if self.target_calls else 0.0
 
 
+def _check_speculative(target, draft, idx, max_new_tokens, k) -> None:
+    fn = "speculative_generate"
+    for name, model in (("target", target), ("draft", draft)):
+        if not hasattr(getattr(model, "config", None), "vocab_size"):
+            raise TypeError(
+                f"{fn}: {name} must be a TinyGPT (with a config), got "
+                f"{type(model).__name__}"
+            )
+    vocab_t, vocab_d = target.config.vocab_size, draft.config.vocab_size
+    if vocab_t != vocab_d:
+        raise ValueError(
+            f"{fn}: draft has vocab_size={vocab_d}, the target vocab_size={vocab_t}: "
+            "they must share one vocabulary"
+        )
+    check_int(fn, "max_new_tokens", max_new_tokens, minimum=0)
+    check_sizes(fn, k=k)
+    shape = tuple(idx.shape) if isinstance(idx, torch.Tensor) else ()
+    if len(shape) != 2 or 0 in shape:
+        raise ValueError(
+            f"{fn}: idx must have shape (batch, seq) with batch, seq >= 1, got "
+            f"{shape if isinstance(idx, torch.Tensor) else type(idx).__name__}"
+        )
+    _check_token_ids(fn, "idx", idx, shape, vocab_t)
+
+
 @torch.no_grad()
 def speculative_generate(
     target: nn.Module,
@@ -629,24 +752,8 @@ def speculative_generate(
     costs speed, not exactness. The last round drafts fewer tokens so that exactly
     ``max_new_tokens`` come out.
     """
-    if idx.dim() != 2 or idx.shape[1] < 1:
-        raise ValueError(
-            f"idx must have shape (batch, seq) with seq >= 1, got {tuple(idx.shape)}"
-        )
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be non-negative, got {max_new_tokens}")
-    if k < 1:
-        raise ValueError(f"k must be positive, got {k}")
-    vocab_t, vocab_d = target.config.vocab_size, draft.config.vocab_size
-    if vocab_t != vocab_d:
-        raise ValueError(
-            f"draft has vocab_size={vocab_d}, the target vocab_size={vocab_t}: they "
-            "must share one vocabulary"
-        )
-    if temperature < 0:
-        raise ValueError(f"temperature must be non-negative, got {temperature}")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be positive, got {top_k}")
+    _check_speculative(target, draft, idx, max_new_tokens, k)
+    _check_sampling("speculative_generate", temperature, top_k)
     B, total = idx.shape[0], idx.shape[1] + max_new_tokens
     stats = SpeculativeStats(generated=max_new_tokens)
     capacity = max(total - 1, 1)
@@ -708,17 +815,22 @@ def expected_speedup(alpha: float, k: int, cost_ratio: float) -> float:
 
 
 def _check_speculation(fn: str, alpha: float, k: int, cost_ratio: float) -> None:
-    if not 0.0 <= alpha <= 1.0:
+    if check_real(fn, "alpha", alpha, minimum=0) > 1:
         raise ValueError(f"{fn}: alpha must be in [0, 1], got {alpha}")
-    if k < 0:
-        raise ValueError(f"{fn}: k must be non-negative, got {k}")
-    if cost_ratio < 0:
-        raise ValueError(f"{fn}: cost_ratio must be non-negative, got {cost_ratio}")
+    check_int(fn, "k", k, minimum=0)
+    check_real(fn, "cost_ratio", cost_ratio, minimum=0)
 
 
 # --------------------------------------------------------------------------------------
 # Attention sinks (StreamingLLM)
 # --------------------------------------------------------------------------------------
+def _check_sink_cache(n_layers, batch, n_kv_heads, head_dim, n_sink, window):
+    fn = "SinkKVCache"
+    check_sizes(fn, n_layers=n_layers, batch=batch, n_kv_heads=n_kv_heads)
+    check_sizes(fn, head_dim=head_dim, window=window)
+    check_int(fn, "n_sink", n_sink, minimum=0)
+
+
 class SinkKVCache(KVCache):
     r"""The first ``n_sink`` positions ever appended (the attention sinks) plus a ring
     buffer of the last ``window`` positions, per layer (Xiao et al., 2023).
@@ -760,9 +872,7 @@ class SinkKVCache(KVCache):
         dtype: torch.dtype = torch.float32,
         device=None,
     ):
-        if isinstance(n_sink, bool) or not isinstance(n_sink, int) or n_sink < 0:
-            raise ValueError(f"n_sink must be a non-negative integer, got {n_sink!r}")
-        check_positive(window=window)
+        _check_sink_cache(n_layers, batch, n_kv_heads, head_dim, n_sink, window)
         super().__init__(
             n_layers, batch, n_kv_heads, head_dim, n_sink + window, dtype, device
         )
@@ -819,6 +929,61 @@ class SinkKVCache(KVCache):
 STREAMING_CACHES = ("full", "window", "sinks")
 
 
+def _check_model_ids(fn: str, model, ids, shape: str, min_len: int = 2) -> None:
+    """``model`` a TinyGPT-like model (with a ``config``) and ``ids`` int64 token ids
+    of ``shape`` (``"(n,)"`` or ``"(n,) or (batch, n)"``), ``n >= min_len``."""
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if vocab is None:
+        raise TypeError(
+            f"{fn}: model must be a TinyGPT (with a config), got {type(model).__name__}"
+        )
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long:
+        raise TypeError(
+            f"{fn}: ids must be an int64 tensor of token ids, got "
+            f"{getattr(ids, 'dtype', type(ids).__name__)}"
+        )
+    if ids.dim() not in ((1,) if shape == "(n,)" else (1, 2)) or (
+        ids.shape[-1] < min_len or 0 in ids.shape
+    ):
+        raise ValueError(
+            f"{fn}: ids must have shape {shape} with n >= {min_len}, got "
+            f"{tuple(ids.shape)}"
+        )
+    _check_token_ids(fn, "ids", ids, tuple(ids.shape), vocab)
+
+
+def _check_streaming(model, ids, cache, n_sink, window, progress) -> None:
+    fn = "streaming_losses"
+    if not isinstance(cache, str):
+        if not hasattr(cache, "update") or getattr(cache, "length", None) != 0:
+            raise ValueError(
+                f"{fn}: cache must be one of {STREAMING_CACHES} or an empty cache "
+                f"object with update() and length (e.g. a QuantizedKVCache), got "
+                f"{cache!r}"
+            )
+    elif cache not in STREAMING_CACHES:
+        raise ValueError(
+            f"{fn}: cache must be one of {STREAMING_CACHES}, got {cache!r}"
+        )
+    _check_model_ids(fn, model, ids, "(n,)")
+    check_int(fn, "n_sink", n_sink, minimum=0)
+    check_int(fn, "window", window, minimum=0)
+    check_flag(fn, "progress", progress)
+    positional = model.config.positional
+    if cache in ("window", "sinks") and positional in ("t5", "alibi"):
+        raise ValueError(
+            f"{fn}: cache={cache!r} needs a model whose positions live in the keys or "
+            f"the input, got positional={positional!r}"
+        )
+    if cache in ("window", "sinks") and n_sink + window < 2:
+        raise ValueError(
+            f"{fn}: cache={cache!r} keeps n_sink + window - 1 positions, which must "
+            f"be >= 1, got n_sink={n_sink}, window={window}"
+        )
+    if cache == "sinks" and window < 1:
+        raise ValueError(f"{fn}: window must be >= 1 with cache='sinks', got 0")
+
+
 @torch.no_grad()
 def streaming_losses(
     model,
@@ -854,30 +1019,9 @@ def streaming_losses(
     with ``"full"`` (or a cache object). ``progress=True`` shows a tqdm bar.
     """
     given = None if isinstance(cache, str) else cache
-    if given is not None:
-        if not hasattr(given, "update") or getattr(given, "length", None) != 0:
-            raise ValueError(
-                f"cache must be one of {STREAMING_CACHES} or an empty cache object "
-                f"with update() and length (e.g. a QuantizedKVCache), got {cache!r}"
-            )
-        cache = type(given).__name__
-    elif cache not in STREAMING_CACHES:
-        raise ValueError(f"cache must be one of {STREAMING_CACHES}, got {cache!r}")
-    if ids.dim() != 1 or ids.shape[0] < 2:
-        raise ValueError(
-            f"ids must have shape (n,) with n >= 2, got {tuple(ids.shape)}"
-        )
+    _check_streaming(model, ids, cache, n_sink, window, progress)
+    cache = cache if given is None else type(given).__name__
     cfg = model.config
-    if cache in ("window", "sinks") and cfg.positional in ("t5", "alibi"):
-        raise ValueError(
-            f"cache={cache!r} needs a model whose positions live in the keys or the "
-            f"input, got positional={cfg.positional!r}"
-        )
-    if cache == "window" and n_sink + window < 2:
-        raise ValueError(
-            "cache='window' keeps n_sink + window - 1 positions, which must be >= 1, "
-            f"got n_sink={n_sink}, window={window}"
-        )
     param = next(model.parameters())
     sizes = (cfg.n_layers, 1, cfg.n_kv_heads or cfg.n_heads, cfg.d_model // cfg.n_heads)
     kw = dict(dtype=param.dtype, device=param.device)
@@ -915,12 +1059,8 @@ def first_token_attention(model, ids: torch.Tensor) -> torch.Tensor:
     only attend to itself). A head spreading its weight evenly gives query ``t`` the
     weight ``1 / (t + 1)``, a mean of ``(H_n - 1) / (n - 1)`` (``H_n`` the harmonic
     number); a layer with an attention sink gives much more."""
+    _check_model_ids("first_token_attention", model, ids, "(n,) or (batch, n)")
     ids = ids[None] if ids.dim() == 1 else ids
-    if ids.dim() != 2 or ids.shape[1] < 2:
-        raise ValueError(
-            "ids must have shape (n,) or (batch, n) with n >= 2, got "
-            f"{tuple(ids.shape)}"
-        )
     was_training = model.training
     model.eval()
     try:
@@ -1001,10 +1141,14 @@ def quantize(
         raise TypeError(f"quantize: x must be a float tensor, got {type(x).__name__}")
     if bits not in QUANT_BITS:
         raise ValueError(f"quantize: bits must be one of {QUANT_BITS}, got {bits!r}")
-    if not -x.dim() <= dim < x.dim():
+    if (
+        isinstance(dim, bool)
+        or not isinstance(dim, int)
+        or not -x.dim() <= dim < x.dim()
+    ):
         raise ValueError(
             f"quantize: dim must be in [{-x.dim()}, {x.dim()}) for x of shape "
-            f"{tuple(x.shape)}, got {dim}"
+            f"{tuple(x.shape)}, got {dim!r}"
         )
     dim = dim % x.dim()
     n = x.shape[dim]
@@ -1041,6 +1185,11 @@ def quantize(
 def dequantize(q: QuantizedTensor) -> torch.Tensor:
     """``q.data * scale + zero`` with each group's scale and zero broadcast over its
     entries: a tensor of ``q.shape`` in the dtype of the scales."""
+    if not isinstance(q, QuantizedTensor):
+        raise TypeError(
+            f"dequantize: q must be a QuantizedTensor (from quantize), got "
+            f"{type(q).__name__}"
+        )
     codes = _unpack4(q.data, q.shape[-1]) if q.bits == 4 else q.data
     scale = q.scale.repeat_interleave(q.group_size, dim=q.dim)
     zero = q.zero.repeat_interleave(q.group_size, dim=q.dim)
@@ -1058,6 +1207,28 @@ def _cat_tokens(a: QuantizedTensor | None, b: QuantizedTensor) -> QuantizedTenso
         for x, y in zip((a.data, a.scale, a.zero), (b.data, b.scale, b.zero))
     ]
     return QuantizedTensor(*cat, a.bits, a.dim, a.group_size, shape)
+
+
+def _check_quantized_cache(n_layers, batch, n_kv_heads, head_dim, max_len, dtype):
+    fn = "QuantizedKVCache"
+    check_sizes(fn, n_layers=n_layers, batch=batch, n_kv_heads=n_kv_heads)
+    check_sizes(fn, head_dim=head_dim, max_len=max_len)
+    _check_dtype(fn, dtype)
+
+
+def _check_quantization(bits, group_size, key_axis, value_axis, head_dim) -> None:
+    fn = "QuantizedKVCache"
+    check_sizes(fn, group_size=group_size)
+    if isinstance(bits, bool) or bits not in QUANT_BITS:
+        raise ValueError(f"{fn}: bits must be one of {QUANT_BITS}, got {bits!r}")
+    for name, axis in (("key_axis", key_axis), ("value_axis", value_axis)):
+        if axis not in QUANT_AXES:
+            raise ValueError(f"{fn}: {name} must be one of {QUANT_AXES}, got {axis!r}")
+    if "token" in (key_axis, value_axis) and head_dim % group_size:
+        raise ValueError(
+            f"{fn}: group_size={group_size} must divide head_dim={head_dim} to "
+            "quantize per token"
+        )
 
 
 class QuantizedKVCache:
@@ -1099,24 +1270,8 @@ class QuantizedKVCache:
         dtype: torch.dtype = torch.float32,
         device=None,
     ):
-        check_positive(
-            n_layers=n_layers,
-            batch=batch,
-            n_kv_heads=n_kv_heads,
-            head_dim=head_dim,
-            max_len=max_len,
-            group_size=group_size,
-        )
-        if bits not in QUANT_BITS:
-            raise ValueError(f"bits must be one of {QUANT_BITS}, got {bits!r}")
-        for name, axis in (("key_axis", key_axis), ("value_axis", value_axis)):
-            if axis not in QUANT_AXES:
-                raise ValueError(f"{name} must be one of {QUANT_AXES}, got {axis!r}")
-        if "token" in (key_axis, value_axis) and head_dim % group_size:
-            raise ValueError(
-                f"group_size={group_size} must divide head_dim={head_dim} to quantize "
-                "per token"
-            )
+        _check_quantized_cache(n_layers, batch, n_kv_heads, head_dim, max_len, dtype)
+        _check_quantization(bits, group_size, key_axis, value_axis, head_dim)
         self.bits, self.group_size, self.max_len = bits, group_size, max_len
         self.axes = {"k": key_axis, "v": value_axis}
         self.dtype, self.device, self.head_dim = dtype, device, head_dim
@@ -1204,9 +1359,11 @@ def outlier_channel_ratio(k: torch.Tensor) -> torch.Tensor:
     median_c m_c``, shape ``(...)`` (one number per head). Close to 1 when channels
     are alike; large when a few channels carry outliers, which is why KIVI quantizes
     keys per channel."""
-    if k.dim() < 2:
+    check_float("outlier_channel_ratio", "k", k)
+    if k.dim() < 2 or k.shape[-1] == 0 or k.shape[-2] == 0:
         raise ValueError(
-            f"k must have shape (..., seq, head_dim), got {tuple(k.shape)}"
+            "outlier_channel_ratio: k must have shape (..., seq, head_dim) with seq, "
+            f"head_dim >= 1, got {tuple(k.shape)}"
         )
     m = k.abs().mean(dim=-2)
     return m.amax(-1) / m.median(-1).values
@@ -1215,6 +1372,23 @@ def outlier_channel_ratio(k: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 # Continuous batching over a paged cache (Orca, vLLM)
 # --------------------------------------------------------------------------------------
+def _check_request(r) -> None:
+    fn = "Request"
+    check_sizes(fn, prompt_len=r.prompt_len, output_len=r.output_len)
+    check_int(fn, "arrival_step", r.arrival_step, minimum=0)
+    if not isinstance(r.prompt, tuple) or len(r.prompt) != r.prompt_len:
+        raise ValueError(
+            f"{fn}: prompt must hold prompt_len={r.prompt_len} tokens, got "
+            f"{len(r.prompt) if isinstance(r.prompt, tuple) else r.prompt!r}"
+        )
+    if not all(
+        isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in r.prompt
+    ):
+        raise ValueError(
+            f"{fn}: prompt must hold non-negative integer token ids, got {r.prompt}"
+        )
+
+
 @dataclass(frozen=True)
 class Request:
     """A generation request: ``prompt`` (``prompt_len`` token ids) arrives at step
@@ -1227,16 +1401,28 @@ class Request:
     prompt: tuple[int, ...] = ()
 
     def __post_init__(self):
-        check_positive(prompt_len=self.prompt_len, output_len=self.output_len)
-        if self.arrival_step < 0:
+        _check_request(self)
+
+
+def _check_trace(n_requests, generator, prompt_len, output_len, arrival_rate):
+    fn = "synthetic_trace"
+    check_sizes(fn, n_requests=n_requests)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(
+            f"{fn}: generator must be a torch.Generator, got {type(generator).__name__}"
+        )
+    for name, pair in (("prompt_len", prompt_len), ("output_len", output_len)):
+        if not (
+            isinstance(pair, (tuple, list))
+            and len(pair) == 2
+            and all(isinstance(n, int) and not isinstance(n, bool) for n in pair)
+            and 1 <= pair[0] <= pair[1]
+        ):
             raise ValueError(
-                f"arrival_step must be non-negative, got {self.arrival_step}"
+                f"{fn}: {name} must be a range (lo, hi) of integers with 1 <= lo <= "
+                f"hi, got {pair!r}"
             )
-        if len(self.prompt) != self.prompt_len:
-            raise ValueError(
-                f"prompt must hold prompt_len={self.prompt_len} tokens, got "
-                f"{len(self.prompt)}"
-            )
+    check_real(fn, "arrival_rate", arrival_rate, above=0)
 
 
 def synthetic_trace(
@@ -1252,12 +1438,8 @@ def synthetic_trace(
     inclusive ranges ``prompt_len`` and ``output_len``, random prompt tokens below
     ``vocab_size``, and Poisson arrivals at ``arrival_rate`` requests per step (the
     gaps are exponential; a request arrives at the step its time falls in)."""
-    check_positive(n_requests=n_requests, vocab_size=vocab_size)
-    for name, (lo, hi) in (("prompt_len", prompt_len), ("output_len", output_len)):
-        if not 1 <= lo <= hi:
-            raise ValueError(f"{name} must be a range (lo, hi) with 1 <= lo <= hi")
-    if arrival_rate <= 0:
-        raise ValueError(f"arrival_rate must be positive, got {arrival_rate}")
+    _check_trace(n_requests, generator, prompt_len, output_len, arrival_rate)
+    check_sizes("synthetic_trace", vocab_size=vocab_size)
 
     def draw(lo: int, hi: int) -> list[int]:
         return torch.randint(lo, hi + 1, (n_requests,), generator=generator).tolist()
@@ -1275,6 +1457,47 @@ def synthetic_trace(
         )
         for i, (p, o, a) in enumerate(zip(prompts, outputs, arrivals))
     ]
+
+
+def _check_prefill(engine, request) -> None:
+    fn = "PagedModel.prefill"
+    if not isinstance(request, Request):
+        raise TypeError(
+            f"{fn}: request must be a Request, got {type(request).__name__}"
+        )
+    vocab = engine.model.config.vocab_size
+    if max(request.prompt) >= vocab:
+        raise ValueError(
+            f"{fn}: request {request.id!r} has prompt token ids outside the "
+            f"vocabulary [0, {vocab}): max {max(request.prompt)}"
+        )
+
+
+def _check_decode_tokens(tokens, vocab: int) -> None:
+    if not isinstance(tokens, (list, tuple)) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab
+        for t in tokens
+    ):
+        raise ValueError(
+            f"PagedModel.decode: tokens must be a list of token ids in [0, {vocab}), "
+            f"got {tokens!r}"
+        )
+
+
+def _check_paged(model, n_blocks, block_size, max_len) -> None:
+    fn = "PagedModel"
+    positional = getattr(getattr(model, "config", None), "positional", None)
+    if positional is None:
+        raise TypeError(
+            f"{fn}: model must be a TinyGPT (with a config), got {type(model).__name__}"
+        )
+    if positional not in ("rope", "none"):
+        raise ValueError(
+            f"{fn}: PagedModel runs positional='rope' or 'none', got {positional!r}"
+        )
+    check_sizes(fn, n_blocks=n_blocks, block_size=block_size)
+    if max_len is not None:
+        check_sizes(fn, max_len=max_len)
 
 
 class PagedModel:
@@ -1297,12 +1520,8 @@ class PagedModel:
     """
 
     def __init__(self, model, *, n_blocks: int, block_size: int, max_len=None):
+        _check_paged(model, n_blocks, block_size, max_len)
         cfg = model.config
-        if cfg.positional not in ("rope", "none"):
-            raise ValueError(
-                f"PagedModel runs positional='rope' or 'none', got {cfg.positional!r}"
-            )
-        check_positive(n_blocks=n_blocks, block_size=block_size)
         self.model = model.eval()
         self.n_blocks, self.block_size = n_blocks, block_size
         self.max_len = cfg.max_len if max_len is None else max_len
@@ -1336,6 +1555,7 @@ class PagedModel:
 
     @torch.no_grad()
     def prefill(self, request: Request) -> int:
+        _check_prefill(self, request)
         cfg, param = self.model.config, next(self.model.parameters())
         p = request.prompt_len
         if request.id in self.caches[0].block_tables:
@@ -1366,6 +1586,7 @@ class PagedModel:
         raises :class:`attnbook.kvcache.CacheFullError` and changes nothing."""
         model, param = self.model, next(self.model.parameters())
         lengths = self.caches[0].lengths
+        _check_decode_tokens(tokens, model.config.vocab_size)
         if len(tokens) != len(seq_ids) or len(set(seq_ids)) != len(seq_ids):
             raise ValueError(
                 "PagedModel.decode: seq_ids must be distinct and tokens hold one token "
@@ -1511,21 +1732,36 @@ def static_batching(
     return _serve(requests, engine, max_batch, static=True)
 
 
-def _serve(requests, engine: PagedModel, max_batch: int, static: bool) -> ServeResult:
-    check_positive(max_batch=max_batch)
+def _check_serve(fn: str, requests, engine, max_batch) -> None:
+    check_sizes(fn, max_batch=max_batch)
+    if not isinstance(engine, PagedModel):
+        raise TypeError(
+            f"{fn}: engine must be a PagedModel, got {type(engine).__name__}"
+        )
+    if not isinstance(requests, (list, tuple)) or not all(
+        isinstance(r, Request) for r in requests
+    ):
+        raise TypeError(f"{fn}: requests must be a list of Request, got {requests!r}")
     if len({r.id for r in requests}) != len(requests):
-        raise ValueError("requests must have distinct ids")
+        raise ValueError(f"{fn}: requests must have distinct ids")
     if engine.blocks_in_use:
-        raise ValueError("engine must start with an empty cache")
+        raise ValueError(f"{fn}: engine must start with an empty cache")
+    for r in requests:
+        need = engine.blocks_for(r.prompt_len + r.output_len - 1)
+        if need > engine.n_blocks:
+            raise ValueError(
+                f"{fn}: requests: request {r.id} needs {need} blocks, the pool has "
+                f"{engine.n_blocks}"
+            )
+
+
+def _serve(requests, engine: PagedModel, max_batch: int, static: bool) -> ServeResult:
+    fn = "static_batching" if static else "continuous_batching"
+    _check_serve(fn, requests, engine, max_batch)
 
     def need(r: Request) -> int:  # blocks held once its last token is out
         return engine.blocks_for(r.prompt_len + r.output_len - 1)
 
-    for r in requests:
-        if need(r) > engine.n_blocks:
-            raise ValueError(
-                f"request {r.id} needs {need(r)} blocks, the pool has {engine.n_blocks}"
-            )
     waiting = deque(sorted(requests, key=lambda r: (r.arrival_step, r.id)))
     running: list[Request] = []
     res = ServeResult(timings={r.id: RequestTiming(r.arrival_step) for r in requests})

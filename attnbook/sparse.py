@@ -24,9 +24,17 @@ import math
 import torch
 from torch import nn
 
-from .contract import check_qkv, grouped_kv
+from .contract import (
+    check_flag,
+    check_float,
+    check_indices,
+    check_int,
+    check_qkv,
+    check_real,
+    check_sizes,
+    grouped_kv,
+)
 from .core import masked_softmax
-from .utils import check_positive
 
 __all__ = [
     "sliding_window_mask",
@@ -48,6 +56,14 @@ __all__ = [
 # --------------------------------------------------------------------------------------
 # Token-level patterns (L = S = seq_len)
 # --------------------------------------------------------------------------------------
+def _check_window(fn: str, seq_len, window, is_causal, dilation=1) -> None:
+    if seq_len is not None:
+        check_sizes(fn, seq_len=seq_len)
+    check_sizes(fn, dilation=dilation)
+    check_int(fn, "window", window, minimum=0)
+    check_flag(fn, "is_causal", is_causal)
+
+
 def sliding_window_mask(
     seq_len: int, window: int, *, is_causal: bool = False, dilation: int = 1
 ) -> torch.Tensor:
@@ -59,9 +75,7 @@ def sliding_window_mask(
     dilation`` at the same cost (Longformer's dilated windows). With ``is_causal`` only
     the left half is kept (``j <= i``). Shape ``(seq_len, seq_len)``.
     """
-    check_positive(seq_len=seq_len, dilation=dilation)
-    if not isinstance(window, int) or window < 0:
-        raise ValueError(f"window must be a non-negative integer, got {window!r}")
+    _check_window("sliding_window_mask", seq_len, window, is_causal, dilation)
     offset = torch.arange(seq_len)[:, None] - torch.arange(seq_len)[None, :]  # i - j
     mask = (offset.abs() <= window * dilation) & (offset % dilation == 0)
     return mask & (offset >= 0) if is_causal else mask
@@ -71,15 +85,23 @@ def global_mask(seq_len: int, global_idx) -> torch.Tensor:
     """Global tokens: ``mask[i, j] = i in G or j in G``; the tokens in ``G`` attend to
     and are attended by all.
 
-    ``global_idx`` is a list or 1-D tensor of positions. Shape ``(seq_len, seq_len)``.
+    ``global_idx`` is a list or 1-D integer tensor of positions (a bool mask is refused:
+    pass ``mask.nonzero().flatten()``). Shape ``(seq_len, seq_len)``.
     """
-    check_positive(seq_len=seq_len)
-    idx = torch.as_tensor(global_idx, dtype=torch.long).reshape(-1)
-    if idx.numel() and (idx.min() < 0 or idx.max() >= seq_len):
-        raise ValueError(f"global_idx must lie in [0, {seq_len}), got {idx.tolist()}")
+    check_sizes("global_mask", seq_len=seq_len)
+    idx = check_indices("global_mask", "global_idx", global_idx, size=seq_len)
     is_global = torch.zeros(seq_len, dtype=torch.bool)
     is_global[idx] = True
     return is_global[:, None] | is_global[None, :]
+
+
+def _check_random_mask(seq_len, n_random) -> None:
+    check_sizes("random_mask", seq_len=seq_len)
+    if check_int("random_mask", "n_random", n_random, minimum=0) > seq_len:
+        raise ValueError(
+            f"random_mask: n_random must be an integer in [0, seq_len={seq_len}], got "
+            f"{n_random!r}"
+        )
 
 
 def random_mask(
@@ -90,11 +112,7 @@ def random_mask(
 
     Shape ``(seq_len, seq_len)``; pass ``generator`` for a reproducible draw.
     """
-    check_positive(seq_len=seq_len)
-    if not isinstance(n_random, int) or not 0 <= n_random <= seq_len:
-        raise ValueError(
-            f"n_random must be an integer in [0, seq_len={seq_len}], got {n_random!r}"
-        )
+    _check_random_mask(seq_len, n_random)
     picks = torch.rand(seq_len, seq_len, generator=generator).argsort(dim=-1)[
         :, :n_random
     ]
@@ -107,6 +125,8 @@ def longformer_mask(
 ) -> torch.Tensor:
     """Longformer: a (dilated) sliding window plus global tokens. Shape ``(seq_len,
     seq_len)``."""
+    _check_window("longformer_mask", seq_len, window, False, dilation)
+    check_indices("longformer_mask", "global_idx", global_idx, size=seq_len)
     return sliding_window_mask(seq_len, window, dilation=dilation) | global_mask(
         seq_len, global_idx
     )
@@ -115,6 +135,21 @@ def longformer_mask(
 # --------------------------------------------------------------------------------------
 # ETC: a global input, a long input, and relative-position labels between them
 # --------------------------------------------------------------------------------------
+def _check_etc(n_global, n_long, radius, segment_of_long, max_distance):
+    fn = "etc_relative_labels"
+    check_sizes(fn, n_global=n_global, n_long=n_long)
+    check_int(fn, "radius", radius, minimum=0)
+    if max_distance is not None:
+        check_int(fn, "max_distance", max_distance, minimum=0)
+    segment = check_indices(fn, "segment_of_long", segment_of_long, size=n_global)
+    if segment.numel() != n_long:
+        raise ValueError(
+            f"{fn}: segment_of_long must hold n_long={n_long} integers in [0, "
+            f"n_global={n_global}), got {segment.tolist()}"
+        )
+    return segment
+
+
 def etc_relative_labels(
     n_global: int,
     n_long: int,
@@ -146,19 +181,8 @@ def etc_relative_labels(
     may attend); ``segment_of_long`` is a list or 1-D tensor of ``n_long`` integers in
     ``[0, n_global)``.
     """
-    check_positive(n_global=n_global, n_long=n_long)
+    segment = _check_etc(n_global, n_long, radius, segment_of_long, max_distance)
     k = radius if max_distance is None else max_distance
-    for name, value in (("radius", radius), ("max_distance", k)):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    segment = torch.as_tensor(segment_of_long, dtype=torch.long).reshape(-1)
-    if segment.numel() != n_long or (
-        n_long and (segment.min() < 0 or segment.max() >= n_global)
-    ):
-        raise ValueError(
-            f"segment_of_long must hold n_long={n_long} integers in [0, n_global="
-            f"{n_global}), got {segment.tolist()}"
-        )
     is_long = torch.arange(n_global + n_long) >= n_global
     # position within its own input, and the segment (global token) each token is in
     position = torch.cat([torch.arange(n_global), torch.arange(n_long)])
@@ -187,13 +211,32 @@ class RelativeLabelBias(nn.Module):
 
     def __init__(self, n_labels: int, n_heads: int):
         super().__init__()
-        check_positive(n_labels=n_labels, n_heads=n_heads)
+        check_sizes("RelativeLabelBias", n_labels=n_labels, n_heads=n_heads)
         self.bias = nn.Embedding(n_labels, n_heads)
         nn.init.zeros_(self.bias.weight)
+
+    def _check_inputs(self, labels, mask) -> None:
+        fn = "RelativeLabelBias"
+        n = self.bias.num_embeddings
+        if not isinstance(labels, torch.Tensor) or labels.dim() != 2:
+            raise ValueError(
+                f"{fn}: labels must be an (L, S) tensor, got {labels!r:.60}"
+            )
+        check_indices(fn, "labels", labels.flatten(), size=n)
+        if mask is not None and (
+            not isinstance(mask, torch.Tensor)
+            or mask.dtype != torch.bool
+            or mask.shape != labels.shape
+        ):
+            raise ValueError(
+                f"{fn}: mask must be a bool tensor of labels' shape "
+                f"{tuple(labels.shape)}, got {mask!r:.60}"
+            )
 
     def forward(
         self, labels: torch.Tensor, mask: torch.Tensor | None = None
     ) -> torch.Tensor:
+        self._check_inputs(labels, mask)
         out = self.bias(labels).movedim(-1, 0)  # (L, S, heads) -> (heads, L, S)
         return out if mask is None else out.masked_fill(~mask, -math.inf)
 
@@ -201,6 +244,16 @@ class RelativeLabelBias(nn.Module):
 # --------------------------------------------------------------------------------------
 # Block patterns
 # --------------------------------------------------------------------------------------
+def _check_bigbird(n_blocks, n_global, n_window, n_random) -> None:
+    check_sizes("bigbird_block_mask", n_blocks=n_blocks)
+    for name, value in (
+        ("n_global", n_global),
+        ("n_window", n_window),
+        ("n_random", n_random),
+    ):
+        check_int("bigbird_block_mask", name, value, minimum=0)
+
+
 def bigbird_block_mask(
     n_blocks: int,
     n_global: int = 1,
@@ -221,14 +274,7 @@ def bigbird_block_mask(
     Each non-global row has at most ``2 n_global + n_window + n_random`` active blocks,
     so the number of computed tiles grows linearly with ``n_blocks``.
     """
-    check_positive(n_blocks=n_blocks)
-    for name, value in (
-        ("n_global", n_global),
-        ("n_window", n_window),
-        ("n_random", n_random),
-    ):
-        if not isinstance(value, int) or value < 0:
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
+    _check_bigbird(n_blocks, n_global, n_window, n_random)
     rows = torch.arange(n_blocks)
     offset = rows[None, :] - rows[:, None]  # j - i
     mask = (offset >= -(n_window // 2)) & (offset < n_window - n_window // 2)
@@ -256,14 +302,15 @@ def expand_block_mask(block_mask: torch.Tensor, block_size: int) -> torch.Tensor
     that are not multiples of ``block_size`` (a ragged last block), slice the result:
     ``[..., :L, :S]``.
     """
-    check_positive(block_size=block_size)
+    check_sizes("expand_block_mask", block_size=block_size)
     if (
         not isinstance(block_mask, torch.Tensor)
         or block_mask.dtype != torch.bool
         or block_mask.dim() < 2
     ):
         raise ValueError(
-            "block_mask must be a bool tensor (..., n_q_blocks, n_k_blocks), got "
+            "expand_block_mask: block_mask must be a bool tensor (..., n_q_blocks, "
+            "n_k_blocks), got "
             f"{block_mask!r:.60}"
         )
     return block_mask.repeat_interleave(block_size, dim=-2).repeat_interleave(
@@ -281,6 +328,31 @@ _CHUNK_SCORES = 2**20
 def _pad_seq(x: torch.Tensor, length: int) -> torch.Tensor:
     """Zero-pad dimension -2 of ``x`` to ``length``."""
     return torch.nn.functional.pad(x, (0, 0, 0, length - x.shape[-2]))
+
+
+def _check_block_sparse(q, k, v, block_mask, b, is_causal, scale) -> None:
+    fn = "block_sparse_attention"
+    check_qkv(fn, q, k, v)
+    check_sizes(fn, block_size=b)
+    check_flag(fn, "is_causal", is_causal)
+    if scale is not None:
+        check_real(fn, "scale", scale)
+    n_qb, n_kb = -(-q.shape[-2] // b), -(-k.shape[-2] // b)
+    if (
+        not isinstance(block_mask, torch.Tensor)
+        or block_mask.dtype != torch.bool
+        or block_mask.shape != (n_qb, n_kb)
+    ):
+        got = (
+            f"{block_mask.dtype} {tuple(block_mask.shape)}"
+            if isinstance(block_mask, torch.Tensor)
+            else type(block_mask).__name__
+        )
+        raise ValueError(
+            f"{fn}: block_mask must be a bool tensor of shape (ceil(L / block_size), "
+            f"ceil(S / block_size)) = ({n_qb}, {n_kb}) for q {tuple(q.shape)}, k "
+            f"{tuple(k.shape)} and block_size={b}, got {got}"
+        )
 
 
 def block_sparse_attention(
@@ -316,27 +388,10 @@ def block_sparse_attention(
     the total ``rows x width``. Chunks keep each step near ``_CHUNK_SCORES`` scores.
     Cost: ``O(active tiles * b^2 * E)``, i.e. ``O(n (w + g + r) E)`` for BigBird.
     """
-    check_qkv("block_sparse_attention", q, k, v)
+    _check_block_sparse(q, k, v, block_mask, block_size, is_causal, scale)
     k, v = grouped_kv(q, k, v)
-    check_positive(block_size=block_size)
     L, S, b = q.shape[-2], k.shape[-2], block_size
     n_qb, n_kb = -(-L // b), -(-S // b)
-    if (
-        not isinstance(block_mask, torch.Tensor)
-        or block_mask.dtype != torch.bool
-        or block_mask.shape != (n_qb, n_kb)
-    ):
-        got = (
-            tuple(block_mask.shape)
-            if isinstance(block_mask, torch.Tensor)
-            else type(block_mask).__name__
-        )
-        raise ValueError(
-            "block_mask must be a bool tensor of shape (ceil(L / block_size), ceil(S "
-            "/ block_size)) = "
-            f"({n_qb}, {n_kb}) "
-            f"for q {tuple(q.shape)}, k {tuple(k.shape)} and block_size={b}, got {got}"
-        )
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
     device = q.device
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
@@ -388,6 +443,19 @@ def block_sparse_attention(
     return out.flatten(-3, -2)[..., :L, :]
 
 
+def _check_sliding_window_attention(q, k, v, window, is_causal, scale) -> None:
+    fn = "sliding_window_attention"
+    check_qkv(fn, q, k, v)
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"{fn} is self-attention: q and k need the same length, got q "
+            f"{tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    _check_window(fn, None, window, is_causal)
+    if scale is not None:
+        check_real(fn, "scale", scale)
+
+
 def sliding_window_attention(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -414,15 +482,8 @@ def sliding_window_attention(
     causal), so ``2 n s (E + Ev)`` FLOPs for the two matrix products: linear in ``n``
     and in ``window``.
     """
-    check_qkv("sliding_window_attention", q, k, v)
+    _check_sliding_window_attention(q, k, v, window, is_causal, scale)
     k, v = grouped_kv(q, k, v)
-    if q.shape[-2] != k.shape[-2]:
-        raise ValueError(
-            "sliding_window_attention is self-attention: q and k need the same length, "
-            f"got q {tuple(q.shape)} and k {tuple(k.shape)}"
-        )
-    if not isinstance(window, int) or window < 0:
-        raise ValueError(f"window must be a non-negative integer, got {window!r}")
     n = q.shape[-2]
     if n == 0:  # no token: nothing to unfold
         return q @ k.transpose(-2, -1) @ v
@@ -444,6 +505,16 @@ def sliding_window_attention(
 # --------------------------------------------------------------------------------------
 # Learned / content-based sparsity: locality-sensitive hashing (Reformer)
 # --------------------------------------------------------------------------------------
+def _check_lsh(fn: str, x, n_buckets) -> None:
+    check_float(fn, "x", x)
+    if x.dim() < 1:
+        raise ValueError(f"{fn}: x must have shape (..., n, E), got {tuple(x.shape)}")
+    if check_int(fn, "n_buckets", n_buckets, minimum=2) % 2:
+        raise ValueError(
+            f"{fn}: n_buckets must be an even integer >= 2, got {n_buckets}"
+        )
+
+
 def lsh_buckets(
     x: torch.Tensor, n_buckets: int, generator: torch.Generator | None = None
 ) -> torch.Tensor:
@@ -455,8 +526,7 @@ def lsh_buckets(
     E)`` -> integer buckets ``(..., n)`` in ``[0, n_buckets)``; ``n_buckets`` must be
     even.
     """
-    if n_buckets < 2 or n_buckets % 2:
-        raise ValueError(f"n_buckets must be an even integer >= 2, got {n_buckets!r}")
+    _check_lsh("lsh_buckets", x, n_buckets)
     rotation = torch.randn(x.shape[-1], n_buckets // 2, generator=generator).to(x)
     projected = x @ rotation
     return torch.cat([projected, -projected], dim=-1).argmax(dim=-1)
@@ -472,6 +542,7 @@ def lsh_mask(
     key's bucket. The dense mask is for pictures and checks; Reformer sorts by bucket
     and attends within chunks.
     """
+    _check_lsh("lsh_mask", x, n_buckets)
     buckets = lsh_buckets(x, n_buckets, generator)
     return buckets[..., :, None] == buckets[..., None, :]
 
@@ -495,7 +566,9 @@ def graph_distances(mask: torch.Tensor) -> torch.Tensor:
         and mask.shape[0] == mask.shape[1]
     )
     if not square or mask.dtype != torch.bool:
-        raise ValueError(f"mask must be a square 2-D bool tensor, got {mask!r:.60}")
+        raise ValueError(
+            f"graph_distances: mask must be a square 2-D bool tensor, got {mask!r:.60}"
+        )
     n = mask.shape[0]
     adjacency = mask.float()
     reach = torch.eye(n, dtype=torch.bool, device=mask.device)

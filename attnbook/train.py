@@ -17,6 +17,8 @@ from typing import Callable, Iterable, Mapping
 import torch
 from tqdm.auto import tqdm
 
+from .contract import check_flag, check_float, check_int, check_real
+
 __all__ = ["History", "fit", "warmup_cosine", "block_gradient_norms", "accuracy"]
 
 
@@ -44,6 +46,33 @@ def _to_device(batch, device: torch.device):
     if isinstance(batch, (tuple, list)):
         return type(batch)(_to_device(value, device) for value in batch)
     return batch
+
+
+def _check_fit(model, loss_fn, train_batches, epochs, lr, grad_clip, progress):
+    fn = "fit"
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"{fn}: model must be a torch.nn.Module, got {model!r:.60}")
+    if not callable(loss_fn):
+        raise TypeError(f"{fn}: loss_fn must be callable, got {loss_fn!r:.60}")
+    check_int(fn, "epochs", epochs)
+    check_real(fn, "lr", lr, above=0)
+    if grad_clip is not None:
+        check_real(fn, "grad_clip (positive or None)", grad_clip, above=0)
+    check_flag(fn, "progress", progress)
+    if not callable(train_batches) and not hasattr(train_batches, "__iter__"):
+        raise TypeError(
+            f"{fn}: train_batches must be an iterable of batches or a callable "
+            f"returning one, got {train_batches!r:.60}"
+        )
+    if (
+        not callable(train_batches)
+        and epochs > 1
+        and iter(train_batches) is train_batches
+    ):
+        raise ValueError(
+            f"{fn}: train_batches is a one-shot iterator; pass a list or a callable "
+            "returning batches per epoch"
+        )
 
 
 def fit(
@@ -78,19 +107,7 @@ def fit(
       set on every parameter group before the step (e.g. :func:`warmup_cosine`);
     - ``progress=False`` prints nothing.
     """
-    if epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {epochs}")
-    if grad_clip is not None and grad_clip <= 0:
-        raise ValueError(f"grad_clip must be positive or None, got {grad_clip}")
-    if (
-        not callable(train_batches)
-        and epochs > 1
-        and iter(train_batches) is train_batches
-    ):
-        raise ValueError(
-            "train_batches is a one-shot iterator; pass a list or a callable "
-            "returning batches per epoch"
-        )
+    _check_fit(model, loss_fn, train_batches, epochs, lr, grad_clip, progress)
     if device is not None:
         model.to(device)
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -110,7 +127,8 @@ def fit(
                 loss = loss_fn(model, _to_device(batch, device))
                 if loss.ndim != 0:
                     raise ValueError(
-                        f"loss_fn must return a scalar, got shape {tuple(loss.shape)}"
+                        "fit: loss_fn must return a scalar, got shape "
+                        f"{tuple(loss.shape)}"
                     )
                 if not torch.isfinite(loss):
                     raise FloatingPointError(
@@ -135,7 +153,7 @@ def fit(
                 )
                 bar.update()
             if not epoch_losses:
-                raise ValueError(f"train_batches gave no batches in epoch {epoch}")
+                raise ValueError(f"fit: train_batches gave no batches in epoch {epoch}")
             if eval_fn is not None:
                 model.eval()
                 with torch.no_grad():
@@ -157,6 +175,21 @@ def fit(
     return history
 
 
+def _check_warmup_cosine(step, warmup, total, lr, min_lr) -> None:
+    fn = "warmup_cosine"
+    check_int(fn, "step", step, minimum=0)
+    check_real(fn, "lr", lr, minimum=0)
+    check_real(fn, "min_lr", min_lr, minimum=0)
+    if (
+        not 0
+        <= check_int(fn, "warmup", warmup, minimum=0)
+        < check_int(fn, "total", total)
+    ):
+        raise ValueError(
+            f"{fn}: need 0 <= warmup < total, got warmup={warmup}, total={total}"
+        )
+
+
 def warmup_cosine(
     step: int, *, warmup: int, total: int, lr: float, min_lr: float = 0.0
 ) -> float:
@@ -167,14 +200,26 @@ def warmup_cosine(
         ``lr_t = min_lr + (lr - min_lr) (1 + cos(pi p)) / 2``, ``p = (t - warmup) /
         (total - warmup)``.
     """
-    if not 0 <= warmup < total:
-        raise ValueError(
-            f"need 0 <= warmup < total, got warmup={warmup}, total={total}"
-        )
+    _check_warmup_cosine(step, warmup, total, lr, min_lr)
     if step < warmup:
         return lr * (step + 1) / warmup
     progress = min(1.0, (step - warmup) / (total - warmup))
     return min_lr + (lr - min_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _check_block_gradient_norms(model, loss) -> list:
+    fn = "block_gradient_norms"
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(model, torch.nn.Module) or blocks is None:
+        raise TypeError(
+            f"{fn}: model must be a torch.nn.Module with a .blocks list, got "
+            f"{type(model).__name__}"
+        )
+    if not isinstance(loss, torch.Tensor) or loss.ndim != 0 or not loss.requires_grad:
+        raise ValueError(
+            f"{fn}: loss must be a scalar tensor that requires grad, got {loss!r:.60}"
+        )
+    return list(blocks)
 
 
 def block_gradient_norms(model: torch.nn.Module, loss: torch.Tensor) -> list[float]:
@@ -182,7 +227,7 @@ def block_gradient_norms(model: torch.nn.Module, loss: torch.Tensor) -> list[flo
     ``model.blocks``, in order: where in the depth the gradient is large (Xiong et al.,
     2020, compare them at initialization for pre- and post-norm blocks). Leaves the
     parameters' ``.grad`` untouched."""
-    blocks = list(model.blocks)
+    blocks = _check_block_gradient_norms(model, loss)
     params = [[p for p in block.parameters() if p.requires_grad] for block in blocks]
     grads = torch.autograd.grad(
         loss, [p for group in params for p in group], retain_graph=True
@@ -195,6 +240,22 @@ def block_gradient_norms(model: torch.nn.Module, loss: torch.Tensor) -> list[flo
     return norms
 
 
+def _check_accuracy(logits, targets, ignore_index) -> None:
+    fn = "accuracy"
+    check_float(fn, "logits", logits)
+    if not isinstance(targets, torch.Tensor) or targets.dtype == torch.bool:
+        raise TypeError(f"{fn}: targets must be an integer tensor, got {targets!r:.60}")
+    if targets.is_floating_point() or targets.is_complex():
+        raise TypeError(f"{fn}: targets must be an integer tensor, got {targets.dtype}")
+    if logits.ndim < 1 or logits.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"{fn}: logits (..., classes) and targets (...) disagree: logits "
+            f"{tuple(logits.shape)}, targets {tuple(targets.shape)}"
+        )
+    if ignore_index is not None:
+        check_int(fn, "ignore_index", ignore_index, minimum=-(2**63))
+
+
 def accuracy(
     logits: torch.Tensor, targets: torch.Tensor, *, ignore_index: int | None = None
 ) -> float:
@@ -204,12 +265,7 @@ def accuracy(
     whose target equals ``ignore_index`` (e.g. padding) are left out of both the count
     and the total.
     """
-    if logits.ndim < 1 or logits.shape[:-1] != targets.shape:
-        raise ValueError(
-            "logits (..., classes) and targets (...) disagree: logits "
-            f"{tuple(logits.shape)}, "
-            f"targets {tuple(targets.shape)}"
-        )
+    _check_accuracy(logits, targets, ignore_index)
     keep = (
         torch.ones_like(targets, dtype=torch.bool)
         if ignore_index is None
@@ -217,7 +273,8 @@ def accuracy(
     )
     if not keep.any():
         raise ValueError(
-            "targets has no position left to score (all equal ignore_index, or empty)"
+            "accuracy: targets has no position left to score (all equal "
+            "ignore_index, or empty)"
         )
     correct = (logits.argmax(-1) == targets) & keep
     return correct.sum().item() / keep.sum().item()

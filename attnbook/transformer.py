@@ -33,6 +33,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from .complexity import attention_flops
+from .contract import check_flag, check_float, check_int, check_real, check_sizes
 from .data import PAD, Task, Vocab, lm_windows, repeated_tokens
 from .models import TinyGPT, TinySeq2Seq, TransformerConfig
 from .train import History, fit, warmup_cosine
@@ -53,6 +54,48 @@ __all__ = [
     "repeat_losses",
     "train_on_repeats",
 ]
+
+
+# --------------------------------------------------------------------------------------
+# Checks shared by the functions below
+# --------------------------------------------------------------------------------------
+def _check_config(fn: str, config) -> None:
+    if not isinstance(config, TransformerConfig):
+        raise TypeError(
+            f"{fn}: config must be a TransformerConfig, got {type(config).__name__}"
+        )
+
+
+def _check_model(fn: str, model, kind: type = nn.Module) -> None:
+    if not isinstance(model, kind):
+        raise TypeError(
+            f"{fn}: model must be a {kind.__name__}, got {type(model).__name__}"
+        )
+
+
+def _check_ids(fn: str, name: str, ids, vocab_size: int | None, shape: str) -> None:
+    """``ids``: an int64 tensor of ``len(shape)`` dimensions (``shape`` like ``"(B,
+    T)"``), none of them empty, its values in ``[0, vocab_size)``."""
+    if not isinstance(ids, torch.Tensor) or ids.dtype != torch.long:
+        raise TypeError(
+            f"{fn}: {name} must be an int64 tensor of token ids, got "
+            f"{getattr(ids, 'dtype', type(ids).__name__)}"
+        )
+    if ids.dim() != shape.strip("(,)").count(",") + 1 or ids.numel() == 0:
+        raise ValueError(
+            f"{fn}: {name} must have shape {shape} with no empty dimension, got "
+            f"{tuple(ids.shape)}"
+        )
+    if vocab_size is not None and (ids.min() < 0 or ids.max() >= vocab_size):
+        raise ValueError(
+            f"{fn}: {name} holds token ids outside the vocabulary [0, {vocab_size}): "
+            f"min {int(ids.min())}, max {int(ids.max())}"
+        )
+
+
+def _vocab_size(model) -> int | None:
+    config = getattr(model, "config", None)
+    return getattr(config, "vocab_size", None)
 
 
 # --------------------------------------------------------------------------------------
@@ -78,6 +121,7 @@ def block_parameters(config: TransformerConfig) -> dict[str, int]:
       an MLP).
 
     ``total`` is their sum, about ``12 d^2`` for the GELU block."""
+    _check_config("block_parameters", config)
     d = config.d_model
     d_kv = (config.n_kv_heads or config.n_heads) * (d // config.n_heads)
     attention = 2 * d * d + 2 * d * d_kv + 2 * d + 2 * d_kv
@@ -98,6 +142,7 @@ def model_parameters(config: TransformerConfig) -> dict[str, int]:
     the ``learned`` position table or T5's bias table), ``blocks`` (``n_layers`` times
     :func:`block_parameters`), ``final_norm`` (none after post-norm blocks), ``head``
     (``V d``, zero when tied to the embedding) and ``total``."""
+    _check_config("model_parameters", config)
     d, V = config.d_model, config.vocab_size
     embedding = V * d
     if config.positional == "learned":
@@ -118,6 +163,11 @@ def model_parameters(config: TransformerConfig) -> dict[str, int]:
     }
 
 
+def _check_flops(config, seq_len, batch) -> None:
+    _check_config("block_flops", config)
+    check_sizes("block_flops", seq_len=seq_len, batch=batch)
+
+
 def block_flops(config: TransformerConfig, seq_len: int, batch: int = 1) -> dict:
     """Forward FLOPs of one block on ``batch`` sequences of ``seq_len`` tokens (2 per
     multiply-add, matrix products only, as PyTorch's FLOP counter counts them).
@@ -127,6 +177,7 @@ def block_flops(config: TransformerConfig, seq_len: int, batch: int = 1) -> dict
     ``mlp``: ``2 B n d f`` per weight matrix (two for GELU, three for SwiGLU);
     ``total``: both; ``per_token``: ``total / (B n)``. Training costs about three times
     the forward (the backward computes two products per forward one)."""
+    _check_flops(config, seq_len, batch)
     att = attention_flops(
         seq_len, config.d_model, config.n_heads, batch, n_kv_heads=config.n_kv_heads
     )["matmul"]
@@ -143,11 +194,20 @@ def block_flops(config: TransformerConfig, seq_len: int, batch: int = 1) -> dict
 # --------------------------------------------------------------------------------------
 # Initialization: the size of the residual stream
 # --------------------------------------------------------------------------------------
+def _check_rms(model, idx) -> None:
+    fn = "residual_stream_rms"
+    _check_model(fn, model)
+    if not isinstance(getattr(model, "blocks", None), (nn.ModuleList, nn.Module)):
+        raise TypeError(f"{fn}: model must have blocks, got {type(model).__name__}")
+    _check_ids(fn, "idx", idx, _vocab_size(model), "(B, T)")
+
+
 @torch.no_grad()
 def residual_stream_rms(model: nn.Module, idx: torch.Tensor) -> torch.Tensor:
     """The root-mean-square of the residual stream ``x`` ``(B, T, d)``: after the
     embedding (entry 0) and after each of ``model.blocks`` (entries 1 ..
     ``n_layers``), read by forward hooks while ``model(idx)`` runs."""
+    _check_rms(model, idx)
     sizes: list[float] = []
 
     def before(module, args):
@@ -171,6 +231,21 @@ def residual_stream_rms(model: nn.Module, idx: torch.Tensor) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 # Training a language model
 # --------------------------------------------------------------------------------------
+def _check_optimizer(fn: str, model, lr, weight_decay, betas=(0.9, 0.95)) -> None:
+    _check_model(fn, model)
+    check_real(fn, "lr", lr, above=0)
+    check_real(fn, "weight_decay", weight_decay, minimum=0)
+    if (
+        not isinstance(betas, (tuple, list))
+        or len(betas) != 2
+        or not all(
+            isinstance(b, (int, float)) and not isinstance(b, bool) and 0 <= b < 1
+            for b in betas
+        )
+    ):
+        raise ValueError(f"{fn}: betas must be two numbers in [0, 1), got {betas!r}")
+
+
 def lm_optimizer(
     model: nn.Module,
     lr: float,
@@ -183,11 +258,7 @@ def lm_optimizer(
     biases and the norms' gains, which set scales rather than store features (GPT-2's
     and nanoGPT's recipe). ``betas=(0.9, 0.95)``: a shorter memory of the squared
     gradient than Adam's default 0.999, steadier for transformers."""
-    if lr <= 0 or weight_decay < 0:
-        raise ValueError(
-            f"lr must be positive and weight_decay non-negative, got {lr}, "
-            f"{weight_decay}"
-        )
+    _check_optimizer("lm_optimizer", model, lr, weight_decay, betas)
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
@@ -217,6 +288,30 @@ def _autocast(device: torch.device, enabled: bool):
     if enabled and device.type == "cuda" and torch.cuda.is_bf16_supported():
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return contextlib.nullcontext()
+
+
+def _check_training(model, ids, steps, block_size, batch_size, lr, warmup) -> None:
+    fn = "train_language_model"
+    _check_optimizer(fn, model, lr, 0.0)
+    check_sizes(fn, steps=steps, block_size=block_size, batch_size=batch_size)
+    if check_int(fn, "warmup", warmup, minimum=0) >= steps:
+        raise ValueError(f"{fn}: warmup must be < steps={steps}, got {warmup}")
+    _check_ids(fn, "ids", ids, _vocab_size(model), "(N,)")
+    if len(ids) <= block_size:
+        raise ValueError(
+            f"{fn}: ids must hold more than block_size={block_size} ids, got {len(ids)}"
+        )
+
+
+def _check_training_options(min_lr, weight_decay, grad_clip, mixed_precision, progress):
+    fn = "train_language_model"
+    if min_lr is not None:
+        check_real(fn, "min_lr", min_lr, minimum=0)
+    check_real(fn, "weight_decay", weight_decay, minimum=0)
+    if grad_clip is not None:
+        check_real(fn, "grad_clip", grad_clip, above=0)
+    check_flag(fn, "mixed_precision", mixed_precision)
+    check_flag(fn, "progress", progress)
 
 
 def train_language_model(
@@ -249,10 +344,8 @@ def train_language_model(
 
     Batches are drawn with ``generator``. Returns :func:`attnbook.train.fit`'s
     :class:`~attnbook.train.History` (loss in nats and gradient norm per step)."""
-    if steps < 1 or warmup < 0 or warmup >= steps:
-        raise ValueError(
-            f"need steps >= 1 and 0 <= warmup < steps, got {steps}, {warmup}"
-        )
+    _check_training(model, ids, steps, block_size, batch_size, lr, warmup)
+    _check_training_options(min_lr, weight_decay, grad_clip, mixed_precision, progress)
     min_lr = lr / 10 if min_lr is None else min_lr
     device = next(model.parameters()).device
     windows = _Windows(ids.to(device), steps, block_size, batch_size, generator)
@@ -277,6 +370,15 @@ def train_language_model(
     )
 
 
+def _check_bits(model, ids, block_size, batch_size) -> None:
+    fn = "bits_per_char"
+    _check_model(fn, model)
+    _check_ids(fn, "ids", ids, _vocab_size(model), "(N,)")
+    if len(ids) < 2:
+        raise ValueError(f"{fn}: ids must hold 2 or more ids, got {tuple(ids.shape)}")
+    check_sizes(fn, block_size=block_size, batch_size=batch_size)
+
+
 @torch.no_grad()
 def bits_per_char(
     model: nn.Module, ids: torch.Tensor, block_size: int, *, batch_size: int = 64
@@ -286,8 +388,7 @@ def bits_per_char(
     characters overlapping by one (the last one shorter), and each window predicts its
     characters 2 .. from the ones before them in the window. Deterministic: no sampling
     of windows. Comparable with :func:`attnbook.data.ngram_bits_per_char`."""
-    if ids.dim() != 1 or len(ids) < 2:
-        raise ValueError(f"ids must be 1-D with 2 or more ids, got {tuple(ids.shape)}")
+    _check_bits(model, ids, block_size, batch_size)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -317,6 +418,22 @@ def bits_per_char(
     return total / count / math.log(2)
 
 
+def _check_sample(model, vocab, prompt, n_chars, temperature, top_k) -> None:
+    fn = "sample_text"
+    _check_model(fn, model, TinyGPT)
+    if not isinstance(vocab, Vocab):
+        raise TypeError(f"{fn}: vocab must be a Vocab, got {type(vocab).__name__}")
+    if not isinstance(prompt, str) or not prompt:
+        raise ValueError(f"{fn}: prompt must be a non-empty str, got {prompt!r}")
+    unknown = sorted(set(prompt) - set(vocab.stoi))
+    if unknown:
+        raise ValueError(f"{fn}: prompt has characters not in vocab: {unknown}")
+    check_int(fn, "n_chars", n_chars, minimum=0)
+    check_real(fn, "temperature", temperature, minimum=0)
+    if top_k is not None:
+        check_sizes(fn, top_k=top_k)
+
+
 @torch.no_grad()
 def sample_text(
     model: TinyGPT,
@@ -331,6 +448,7 @@ def sample_text(
     """``prompt`` followed by ``n_chars`` characters the model writes
     (:meth:`attnbook.models.TinyGPT.generate` with a KV cache; ``temperature=0`` is
     greedy)."""
+    _check_sample(model, vocab, prompt, n_chars, temperature, top_k)
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -365,6 +483,8 @@ def text_patterns(text: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     * ``"induction"``: for ``t`` whose pair ``text[t-1:t+1]`` occurred before, ending
       at ``j < t - 1`` (the latest such), ``k = j + 1``: the character that followed
       it, what a head that copies would read (Olsson et al., 2022)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text_patterns: text must be a str, got {type(text).__name__}")
     queries: dict[str, list[int]] = {
         n: []
         for n in (
@@ -418,6 +538,31 @@ def text_patterns(text: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     }
 
 
+def _check_pattern_scores(weights, patterns) -> None:
+    fn = "pattern_scores"
+    check_float(fn, "weights", weights)
+    if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2]:
+        raise ValueError(
+            f"{fn}: weights must be (n_layers, n_heads, T, T), got "
+            f"{tuple(weights.shape)}"
+        )
+    pairs = patterns.values() if isinstance(patterns, dict) else [None]
+    if not all(
+        isinstance(p, tuple)
+        and len(p) == 2
+        and all(isinstance(t, torch.Tensor) and t.dtype == torch.long for t in p)
+        and p[0].shape == p[1].shape
+        and p[0].dim() == 1
+        and (len(p[0]) == 0 or (p[0].min() >= 0 and p[1].min() >= 0))
+        and bool((p[1] <= p[0]).all())
+        for p in pairs
+    ):
+        raise ValueError(
+            f"{fn}: patterns must be {{name: (queries, keys)}}, two 1-D int64 tensors "
+            "of one length with 0 <= keys <= queries (text_patterns' result)"
+        )
+
+
 def pattern_scores(
     weights: torch.Tensor, patterns: dict[str, tuple[torch.Tensor, torch.Tensor]]
 ) -> dict[str, tuple[torch.Tensor, float]]:
@@ -429,10 +574,7 @@ def pattern_scores(
     chance)}``: ``scores`` ``(n_layers, n_heads)`` is the mean weight on ``k(t)`` over
     the pattern's queries, ``chance`` what a head that spreads its weight uniformly
     over the visible keys would score, the mean of ``1 / (t + 1)``."""
-    if weights.dim() != 4 or weights.shape[-1] != weights.shape[-2]:
-        raise ValueError(
-            f"weights must be (n_layers, n_heads, T, T), got {tuple(weights.shape)}"
-        )
+    _check_pattern_scores(weights, patterns)
     T = weights.shape[-1]
     out = {}
     for name, (q, k) in patterns.items():
@@ -448,15 +590,45 @@ def pattern_scores(
 # --------------------------------------------------------------------------------------
 # The encoder-decoder on a string task
 # --------------------------------------------------------------------------------------
+def _check_seq2seq_batch(fn: str, model, batch) -> None:
+    _check_model(fn, model, TinySeq2Seq)
+    missing = (
+        ["src", "tgt", "src_mask"]
+        if not isinstance(batch, dict)
+        else [key for key in ("src", "tgt", "src_mask") if key not in batch]
+    )
+    if missing:
+        raise TypeError(
+            f"{fn}: batch must be a dict with src, tgt and src_mask, missing {missing}"
+        )
+    _check_ids(fn, "batch['tgt']", batch["tgt"], model.config.vocab_size, "(B, T)")
+    if batch["tgt"].shape[1] < 2:
+        raise ValueError(
+            f"{fn}: batch['tgt'] must have shape (B, T) with T >= 2 (BOS and a "
+            f"target), got {tuple(batch['tgt'].shape)}"
+        )
+
+
 def seq2seq_loss(model: TinySeq2Seq, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """Token cross-entropy with teacher forcing for a
     :class:`~attnbook.models.TinySeq2Seq` on a :class:`attnbook.data.Task` batch: the
     decoder reads ``tgt[:, :-1]`` (``BOS y_1 ...``) and predicts ``tgt[:, 1:]``;
     padding is ignored."""
+    _check_seq2seq_batch("seq2seq_loss", model, batch)
     logits = model(batch["src"], batch["tgt"][:, :-1], batch["src_mask"])
     return F.cross_entropy(
         logits.flatten(0, 1), batch["tgt"][:, 1:].flatten(), ignore_index=PAD
     )
+
+
+def _check_exact_match(model, task, pairs, batch_size) -> None:
+    fn = "exact_match"
+    _check_model(fn, model, TinySeq2Seq)
+    if not isinstance(task, Task):
+        raise TypeError(f"{fn}: task must be a Task, got {type(task).__name__}")
+    if len(pairs) == 0:
+        raise ValueError(f"{fn}: pairs is empty: no pair to score")
+    check_sizes(fn, batch_size=batch_size)
 
 
 @torch.no_grad()
@@ -466,6 +638,7 @@ def exact_match(
     """Fraction of ``pairs`` (default ``task.test``) whose greedy output
     (:meth:`~attnbook.models.TinySeq2Seq.generate`) equals the target string."""
     pairs = task.test if pairs is None else pairs
+    _check_exact_match(model, task, pairs, batch_size)
     was_training = model.training
     model.eval()
     correct = 0
@@ -489,6 +662,18 @@ def exact_match(
 # --------------------------------------------------------------------------------------
 # Induction heads on repeated random tokens
 # --------------------------------------------------------------------------------------
+def _check_repeats(model, tokens, period) -> None:
+    fn = "repeat_losses"
+    _check_model(fn, model)
+    check_int(fn, "period", period, minimum=2)
+    _check_ids(fn, "tokens", tokens, _vocab_size(model), "(B, 2 period)")
+    if tokens.shape[1] != 2 * period:
+        raise ValueError(
+            f"{fn}: tokens must have shape (B, 2 period) = (B, {2 * period}), got "
+            f"{tuple(tokens.shape)}"
+        )
+
+
 def repeat_losses(
     model: nn.Module, tokens: torch.Tensor, period: int, head_mask=None
 ) -> tuple[float, float]:
@@ -496,12 +681,42 @@ def repeat_losses(
     :func:`attnbook.data.repeated_tokens`, split into the first half (random: nothing
     to learn beyond ``ln V``) and the repeated half (predictable by copying). Targets
     ``1 .. period - 1`` are the first half, ``period .. 2 period - 1`` the second."""
+    _check_repeats(model, tokens, period)
     logits = model(tokens[:, :-1], head_mask=head_mask)
     losses = F.cross_entropy(
         logits.float().transpose(1, 2), tokens[:, 1:], reduction="none"
     )
     first, second = losses[:, : period - 1], losses[:, period - 1 :]
     return first.mean().item(), second.mean().item()
+
+
+def _check_train_on_repeats(model, steps, batch_size, periods, lr, eval_every):
+    fn = "train_on_repeats"
+    _check_optimizer(fn, model, lr, 0.0)
+    check_sizes(fn, steps=steps, batch_size=batch_size, eval_every=eval_every)
+    if steps % eval_every:
+        raise ValueError(
+            f"{fn}: steps={steps} must be a multiple of eval_every={eval_every}"
+        )
+    if (
+        not isinstance(periods, (tuple, list))
+        or len(periods) != 2
+        or not all(isinstance(p, int) and not isinstance(p, bool) for p in periods)
+        or not 2 <= periods[0] <= periods[1]
+    ):
+        raise ValueError(
+            f"{fn}: periods must be two integers 2 <= low <= high, got {periods!r}"
+        )
+
+
+def _check_eval_tokens(model, eval_tokens) -> None:
+    fn = "train_on_repeats"
+    _check_ids(fn, "eval_tokens", eval_tokens, _vocab_size(model), "(B, 2 period)")
+    if eval_tokens.shape[1] % 2 or eval_tokens.shape[1] < 4:
+        raise ValueError(
+            f"{fn}: eval_tokens must have shape (B, 2 period) with period >= 2, got "
+            f"{tuple(eval_tokens.shape)}"
+        )
 
 
 def train_on_repeats(
@@ -524,8 +739,8 @@ def train_on_repeats(
     Every ``eval_every`` steps, the losses of :func:`repeat_losses` on the held-out
     ``eval_tokens`` ``(B, 2 p)``. Returns ``{"step", "first_half",
     "repeated_half"}``: the curves in which the phase change shows."""
-    if steps % eval_every:
-        raise ValueError(f"steps={steps} must be a multiple of eval_every={eval_every}")
+    _check_train_on_repeats(model, steps, batch_size, periods, lr, eval_every)
+    _check_eval_tokens(model, eval_tokens)
     low, high = periods
     vocab = model.config.vocab_size
     period = eval_tokens.shape[1] // 2

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import numbers
 import os
 import random
 
 import numpy as np
 import torch
+
+from .contract import check_flag, check_int, check_sizes
 
 __all__ = [
     "seed_everything",
@@ -23,6 +24,11 @@ __all__ = [
 ]
 
 
+def _check_seed(seed) -> None:
+    if check_int("seed_everything", "seed", seed, minimum=0) >= 2**32:
+        raise ValueError(f"seed_everything: seed must be < 2**32, got {seed}")
+
+
 def seed_everything(seed: int = 0) -> torch.Generator:
     """Seed Python's, NumPy's and PyTorch's generators (CPU and CUDA) and return a torch
     Generator.
@@ -32,8 +38,10 @@ def seed_everything(seed: int = 0) -> torch.Generator:
     to.)
 
     Returning a seeded ``torch.Generator`` lets code pass randomness explicitly
-    (``generator=``) instead of relying on the global state.
+    (``generator=``) instead of relying on the global state. ``seed`` is an integer in
+    ``[0, 2**32)``, the range NumPy accepts.
     """
+    _check_seed(seed)
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -44,7 +52,14 @@ def default_device() -> torch.device:
     """``cuda`` when a GPU is visible, else ``cpu``. ``ATTNBOOK_DEVICE`` overrides
     it."""
     if "ATTNBOOK_DEVICE" in os.environ:
-        return torch.device(os.environ["ATTNBOOK_DEVICE"])
+        name = os.environ["ATTNBOOK_DEVICE"]
+        try:
+            return torch.device(name)
+        except RuntimeError:
+            raise ValueError(
+                f"default_device: ATTNBOOK_DEVICE must name a torch device (cpu, "
+                f"cuda, cuda:1, mps), got {name!r}"
+            ) from None
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
@@ -63,6 +78,21 @@ def single_thread():
         torch.set_num_threads(threads)
 
 
+def _check_show_source(obj, start, end, docstring) -> None:
+    fn = "show_source"
+    try:
+        inspect.getsource(obj)
+    except (TypeError, OSError):
+        raise TypeError(
+            f"{fn}: obj must be a function or a class defined in Python source, got "
+            f"{obj!r:.60}"
+        ) from None
+    for name, text in (("start", start), ("end", end)):
+        if text is not None and not isinstance(text, str):
+            raise TypeError(f"{fn}: {name} must be a string or None, got {text!r}")
+    check_flag(fn, "docstring", docstring)
+
+
 def show_source(
     obj, start: str | None = None, end: str | None = None, *, docstring: bool = True
 ) -> str:
@@ -78,6 +108,7 @@ def show_source(
       ``class`` line; a ``...`` line marks each cut. A substring that is not there
       raises ``ValueError``, so a chapter notices when the code it quotes changes.
     """
+    _check_show_source(obj, start, end, docstring)
     lines = inspect.getsource(obj).splitlines()
     head = next(i for i, line in enumerate(lines) if line.lstrip().startswith(_DEF))
     while not lines[head].rstrip().endswith(":"):  # a signature over several lines
@@ -155,6 +186,9 @@ def largest_new_tensor(fn, *args, **kwargs) -> int:
     """
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    if not callable(fn):
+        raise TypeError(f"largest_new_tensor: fn must be callable, got {fn!r:.60}")
+
     class Largest(TorchDispatchMode):
         numel = 0
 
@@ -170,13 +204,12 @@ def largest_new_tensor(fn, *args, **kwargs) -> int:
     return Largest.numel
 
 
-def check_positive(**values: int) -> None:
-    """Raise ``ValueError`` naming the argument unless every value is a positive
-    integer (a bool is not one): ``check_positive(seq_len=n, block_size=b)``."""
-    for name, value in values.items():
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, numbers.Integral)
-            or value < 1
-        ):
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+def check_positive(fn: str = "check_positive", /, **values: int) -> None:
+    """Raise ``ValueError`` naming ``fn`` and the argument unless every value is a
+    positive integer (a bool is not one): ``check_positive("Cache", window=w)``.
+
+    :func:`attnbook.contract.check_sizes` under its old name; ``fn`` defaults to
+    ``"check_positive"``, so pass the caller's name."""
+    if not isinstance(fn, str):
+        raise TypeError(f"check_positive: fn must be a function's name, got {fn!r}")
+    check_sizes(fn, **values)

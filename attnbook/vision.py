@@ -14,12 +14,14 @@ reading a page.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .contract import check_flag, check_float, check_int, check_real, check_sizes
 from .core import (
     MultiHeadAttention,
     additive_score,
@@ -41,15 +43,35 @@ __all__ = [
 ]
 
 
-def _check_image(name: str, x: torch.Tensor, channels: int | None = None) -> None:
-    if not isinstance(x, torch.Tensor) or x.dim() != 4:
-        shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+def _check_image(
+    fn: str, name: str, x: torch.Tensor, channels: int | None = None, size=None
+) -> None:
+    """``x`` a floating ``(B, channels, size, size)`` image batch (``channels`` and
+    ``size`` fixed when given)."""
+    check_float(fn, name, x)
+    if x.dim() != 4:
         raise ValueError(
-            f"{name} must be a 4-D tensor (batch, channels, height, width), got {shape}"
+            f"{fn}: {name} must be a 4-D tensor (batch, channels, height, width), got "
+            f"{tuple(x.shape)}"
         )
     if channels is not None and x.shape[1] != channels:
         raise ValueError(
-            f"{name} must have {channels} channels (dim 1), got shape {tuple(x.shape)}"
+            f"{fn}: {name} must have {channels} channels (dim 1), got shape "
+            f"{tuple(x.shape)}"
+        )
+    if size is not None and x.shape[-2:] != (size, size):
+        raise ValueError(
+            f"{fn}: {name} must be {size} x {size} images, got shape {tuple(x.shape)}"
+        )
+
+
+def _check_gate_sizes(fn: str, channels=1, reduction=1, kernel_size=1) -> None:
+    """The sizes of the channel and spatial gates: positive, ``kernel_size`` odd."""
+    check_sizes(fn, channels=channels, reduction=reduction, kernel_size=kernel_size)
+    if kernel_size % 2 != 1:
+        raise ValueError(
+            f"{fn}: kernel_size must be odd to keep the feature map's size, got "
+            f"{kernel_size}"
         )
 
 
@@ -72,6 +94,7 @@ class SqueezeExcitation(nn.Module):
 
     def __init__(self, channels: int, reduction: int = 16):
         super().__init__()
+        _check_gate_sizes("SqueezeExcitation", channels, reduction)
         hidden = max(1, channels // reduction)
         self.fc1 = nn.Linear(channels, hidden)
         self.fc2 = nn.Linear(hidden, channels)
@@ -80,7 +103,7 @@ class SqueezeExcitation(nn.Module):
     def gate(self, x: torch.Tensor) -> torch.Tensor:
         """The channel weights ``s = sigmoid(W2 relu(W1 mean_hw(x)))``, shape ``(B, C,
         1, 1)``."""
-        _check_image("x", x, self.channels)
+        _check_image("SqueezeExcitation", "x", x, self.channels)
         z = x.mean(dim=(2, 3))  # squeeze: (B, C)
         return torch.sigmoid(self.fc2(F.relu(self.fc1(z))))[:, :, None, None]  # excite
 
@@ -103,6 +126,7 @@ class ChannelAttention(nn.Module):
 
     def __init__(self, channels: int, reduction: int = 16):
         super().__init__()
+        _check_gate_sizes("ChannelAttention", channels, reduction)
         hidden = max(1, channels // reduction)
         self.mlp = nn.Sequential(
             nn.Linear(channels, hidden), nn.ReLU(), nn.Linear(hidden, channels)
@@ -111,7 +135,7 @@ class ChannelAttention(nn.Module):
 
     def gate(self, x: torch.Tensor) -> torch.Tensor:
         """The channel weights ``M_c``, shape ``(B, C, 1, 1)``."""
-        _check_image("x", x, self.channels)
+        _check_image("ChannelAttention", "x", x, self.channels)
         return torch.sigmoid(
             self.mlp(x.mean(dim=(2, 3))) + self.mlp(x.amax(dim=(2, 3)))
         )[:, :, None, None]
@@ -138,16 +162,12 @@ class SpatialAttention(nn.Module):
 
     def __init__(self, kernel_size: int = 7):
         super().__init__()
-        if kernel_size % 2 != 1:
-            raise ValueError(
-                "kernel_size must be odd to keep the feature map's size, got "
-                f"{kernel_size}"
-            )
+        _check_gate_sizes("SpatialAttention", kernel_size=kernel_size)
         self.conv = nn.Conv2d(2, 1, kernel_size, padding=kernel_size // 2, bias=False)
 
     def gate(self, x: torch.Tensor) -> torch.Tensor:
         """The spatial weights ``M_s``, shape ``(B, 1, H, W)``."""
-        _check_image("x", x)
+        _check_image("SpatialAttention", "x", x)
         # (B, 2, H, W)
         pooled = torch.cat(
             [x.mean(dim=1, keepdim=True), x.amax(dim=1, keepdim=True)], dim=1
@@ -167,16 +187,27 @@ class CBAM(nn.Module):
 
     def __init__(self, channels: int, reduction: int = 16, kernel_size: int = 7):
         super().__init__()
+        _check_gate_sizes("CBAM", channels, reduction, kernel_size)
         self.channel = ChannelAttention(channels, reduction)
         self.spatial = SpatialAttention(kernel_size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_image("CBAM", "x", x, self.channel.channels)
         return self.spatial(self.channel(x))
 
 
 # --------------------------------------------------------------------------------------
 # The Vision Transformer
 # --------------------------------------------------------------------------------------
+def _check_patches(fn: str, img_size, patch_size, in_channels, dim) -> None:
+    check_sizes(fn, img_size=img_size, patch_size=patch_size, in_channels=in_channels)
+    check_sizes(fn, dim=dim)
+    if img_size % patch_size:
+        raise ValueError(
+            f"{fn}: img_size={img_size} must be divisible by patch_size={patch_size}"
+        )
+
+
 class PatchEmbedding(nn.Module):
     """Cut an image into non-overlapping ``p x p`` patches and project each to ``dim``
     (Dosovitskiy et al., 2021).
@@ -190,10 +221,7 @@ class PatchEmbedding(nn.Module):
 
     def __init__(self, img_size: int, patch_size: int, in_channels: int, dim: int):
         super().__init__()
-        if img_size % patch_size:
-            raise ValueError(
-                f"img_size={img_size} must be divisible by patch_size={patch_size}"
-            )
+        _check_patches("PatchEmbedding", img_size, patch_size, in_channels, dim)
         self.img_size, self.patch_size, self.in_channels = (
             img_size,
             patch_size,
@@ -206,12 +234,7 @@ class PatchEmbedding(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_image("x", x, self.in_channels)
-        if x.shape[-2:] != (self.img_size, self.img_size):
-            raise ValueError(
-                f"x must be {self.img_size} x {self.img_size} images, got shape "
-                f"{tuple(x.shape)}"
-            )
+        _check_image("PatchEmbedding", "x", x, self.in_channels, self.img_size)
         # (B, dim, g, g) -> (B, g*g, dim), row-major
         return self.proj(x).flatten(2).transpose(1, 2)
 
@@ -237,6 +260,29 @@ class _EncoderBlock(nn.Module):
         attended, weights = self.attn(self.norm1(x), return_weights=True)
         x = x + attended
         return x + self.mlp(self.norm2(x)), weights
+
+
+def _check_vit_input(x, patch_embed, return_weights) -> None:
+    fn = "VisionTransformer.forward"
+    pe = patch_embed
+    _check_image(fn, "x", x, pe.in_channels, pe.img_size)
+    check_flag(fn, "return_weights", return_weights)
+
+
+def _check_vit(img_size, patch_size, in_channels, n_classes, dim, depth, n_heads):
+    fn = "VisionTransformer"
+    _check_patches(fn, img_size, patch_size, in_channels, dim)
+    check_sizes(fn, n_classes=n_classes, depth=depth, n_heads=n_heads)
+    if dim % n_heads:
+        raise ValueError(f"{fn}: dim={dim} must be divisible by n_heads={n_heads}")
+
+
+def _check_vit_options(mlp_ratio, dropout) -> None:
+    check_sizes("VisionTransformer", mlp_ratio=mlp_ratio)
+    if check_real("VisionTransformer", "dropout", dropout, minimum=0) >= 1:
+        raise ValueError(
+            f"VisionTransformer: dropout must be in [0, 1), got {dropout!r}"
+        )
 
 
 class VisionTransformer(nn.Module):
@@ -265,6 +311,8 @@ class VisionTransformer(nn.Module):
         dropout: float = 0.0,
     ):
         super().__init__()
+        _check_vit(img_size, patch_size, in_channels, n_classes, dim, depth, n_heads)
+        _check_vit_options(mlp_ratio, dropout)
         self.patch_embed = PatchEmbedding(img_size, patch_size, in_channels, dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(
@@ -277,6 +325,7 @@ class VisionTransformer(nn.Module):
         self.head = nn.Linear(dim, n_classes)
 
     def forward(self, x: torch.Tensor, *, return_weights: bool = False):
+        _check_vit_input(x, self.patch_embed, return_weights)
         patches = self.patch_embed(x)
         cls = self.cls_token.expand(patches.shape[0], -1, -1)
         tokens = torch.cat([cls, patches], dim=1) + self.pos_embed
@@ -286,6 +335,24 @@ class VisionTransformer(nn.Module):
             attentions.append(weights)
         logits = self.head(self.norm(tokens[:, 0]))
         return (logits, attentions) if return_weights else logits
+
+
+def _check_rollout(attentions: list, add_residual) -> torch.Size:
+    fn = "attention_rollout"
+    if not attentions:
+        raise ValueError(f"{fn}: attentions must hold at least one layer's weights")
+    for layer, a in enumerate(attentions):
+        check_float(fn, f"attentions[{layer}]", a)
+    shape = attentions[0].shape
+    for layer, a in enumerate(attentions):
+        if a.dim() != 4 or a.shape != shape or a.shape[-1] != a.shape[-2]:
+            raise ValueError(
+                f"{fn}: every layer's attentions must have the same shape (B, heads, "
+                f"T, T); layer {layer} has {tuple(a.shape)}, layer 0 has "
+                f"{tuple(shape)}"
+            )
+    check_flag(fn, "add_residual", add_residual)
+    return shape
 
 
 def attention_rollout(attentions, *, add_residual: bool = True) -> torch.Tensor:
@@ -303,15 +370,7 @@ def attention_rollout(attentions, *, add_residual: bool = True) -> torch.Tensor:
     input patches.
     """
     attentions = list(attentions)
-    if not attentions:
-        raise ValueError("attentions must hold at least one layer's weights")
-    shape = attentions[0].shape
-    for layer, a in enumerate(attentions):
-        if a.dim() != 4 or a.shape != shape or a.shape[-1] != a.shape[-2]:
-            raise ValueError(
-                f"every layer's attention must have the same shape (B, heads, T, T); "
-                f"layer {layer} has {tuple(a.shape)}, layer 0 has {tuple(shape)}"
-            )
+    shape = _check_rollout(attentions, add_residual)
     eye = torch.eye(shape[-1], dtype=attentions[0].dtype, device=attentions[0].device)
     rollout = None
     for a in attentions:
@@ -326,6 +385,13 @@ def attention_rollout(attentions, *, add_residual: bool = True) -> torch.Tensor:
 # --------------------------------------------------------------------------------------
 # Self-attention with relative positions can be a convolution (Cordonnier et al., 2020)
 # --------------------------------------------------------------------------------------
+def _check_relative(in_channels, out_channels, n_heads, head_dim, max_offset):
+    fn = "RelativeSelfAttention2d"
+    check_sizes(fn, in_channels=in_channels, out_channels=out_channels)
+    check_sizes(fn, n_heads=n_heads, head_dim=head_dim)
+    check_int(fn, "max_offset", max_offset, minimum=0)
+
+
 class RelativeSelfAttention2d(nn.Module):
     r"""Multi-head self-attention over the pixels of a feature map with a learned 2-D
     relative position bias.
@@ -354,6 +420,7 @@ class RelativeSelfAttention2d(nn.Module):
         max_offset: int,
     ):
         super().__init__()
+        _check_relative(in_channels, out_channels, n_heads, head_dim, max_offset)
         self.in_channels, self.n_heads, self.head_dim, self.max_offset = (
             in_channels,
             n_heads,
@@ -371,6 +438,8 @@ class RelativeSelfAttention2d(nn.Module):
     def position_bias(self, height: int, width: int) -> torch.Tensor:
         """The additive bias ``b^h[dy_ij, dx_ij]`` of every head for an ``H x W`` map:
         ``(heads, HW, HW)``."""
+        check_int("RelativeSelfAttention2d.position_bias", "height", height, minimum=0)
+        check_int("RelativeSelfAttention2d.position_bias", "width", width, minimum=0)
         ys, xs = torch.meshgrid(
             torch.arange(height), torch.arange(width), indexing="ij"
         )
@@ -384,7 +453,8 @@ class RelativeSelfAttention2d(nn.Module):
         ]
 
     def forward(self, x: torch.Tensor, *, return_weights: bool = False):
-        _check_image("x", x, self.in_channels)
+        _check_image("RelativeSelfAttention2d", "x", x, self.in_channels)
+        check_flag("RelativeSelfAttention2d", "return_weights", return_weights)
         B, _, H, W = x.shape
         tokens = x.flatten(2).transpose(1, 2)  # (B, HW, C_in)
 
@@ -405,6 +475,26 @@ class RelativeSelfAttention2d(nn.Module):
         )
         out = out.transpose(1, 2).reshape(B, -1, H, W)
         return (out, weights) if return_weights else out
+
+
+def _check_conv_weight(weight, bias, peak) -> None:
+    fn = "conv_as_attention"
+    check_float(fn, "weight", weight)
+    if weight.dim() != 4 or weight.shape[-2] % 2 != 1 or weight.shape[-1] % 2 != 1:
+        raise ValueError(
+            f"{fn}: weight must be (C_out, C_in, k_h, k_w) with odd k_h, k_w, got "
+            f"{tuple(weight.shape)}"
+        )
+    if 0 in weight.shape:
+        raise ValueError(f"{fn}: weight must not be empty, got {tuple(weight.shape)}")
+    if bias is not None:
+        check_float(fn, "bias", bias)
+        if bias.shape != weight.shape[:1]:
+            raise ValueError(
+                f"{fn}: bias must have shape (C_out,) = ({weight.shape[0]},), got "
+                f"{tuple(bias.shape)}"
+            )
+    check_real(fn, "peak", peak, above=0)
 
 
 @torch.no_grad()
@@ -434,16 +524,8 @@ def conv_as_attention(
     off-peak weights are ``e^{-peak}`` each: a large ``peak`` makes the equality exact
     in floating point.
     """
-    if weight.dim() != 4 or weight.shape[-2] % 2 != 1 or weight.shape[-1] % 2 != 1:
-        raise ValueError(
-            "weight must be (C_out, C_in, k_h, k_w) with odd k_h, k_w, got "
-            f"{tuple(weight.shape)}"
-        )
+    _check_conv_weight(weight, bias, peak)
     c_out, c_in, kh, kw = weight.shape
-    if bias is not None and bias.shape != (c_out,):
-        raise ValueError(
-            f"bias must have shape (C_out,) = ({c_out},), got {tuple(bias.shape)}"
-        )
     n_heads = kh * kw
     # one beyond the kernel, so the clipped far pixels never share the peak
     max_offset = max(kh, kw) // 2 + 1
@@ -474,6 +556,82 @@ def conv_as_attention(
 # --------------------------------------------------------------------------------------
 # Image captioning: where the decoder looks (Xu et al., 2015)
 # --------------------------------------------------------------------------------------
+def _check_caption_sizes(vocab_size, img_size, dim, attn_dim) -> None:
+    fn = "CaptionModel"
+    check_sizes(fn, vocab_size=vocab_size, img_size=img_size, dim=dim)
+    check_sizes(fn, attn_dim=attn_dim)
+    if img_size % 4:
+        raise ValueError(f"{fn}: img_size must be divisible by 4, got {img_size}")
+
+
+def _check_tokens(fn: str, name: str, tokens, shape: tuple, vocab_size: int) -> None:
+    """``tokens`` int64 ids in ``[0, vocab_size)`` of shape ``shape`` (``None``
+    entries free, a count of 0 refused)."""
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype != torch.long:
+        raise TypeError(
+            f"{fn}: {name} must be an int64 tensor of token ids, got "
+            f"{getattr(tokens, 'dtype', type(tokens).__name__)}"
+        )
+    if tokens.dim() != len(shape) or any(
+        (n == 0) if want is None else (n != want)
+        for n, want in zip(tokens.shape, shape)
+    ):
+        want = tuple("T >= 1" if w is None else w for w in shape)
+        raise ValueError(
+            f"{fn}: {name} must have shape {want}, got {tuple(tokens.shape)}"
+        )
+    # one reduction and one read: step checks its token at every decoding step
+    low, high = torch.stack(tokens.aminmax()).tolist() if tokens.numel() else (0, 0)
+    if low < 0 or high >= vocab_size:
+        raise ValueError(
+            f"{fn}: {name} holds token ids outside the vocabulary [0, {vocab_size}): "
+            f"min {int(low)}, max {int(high)}"
+        )
+
+
+_STEP_CHECKS = [True]  # False inside forward and generate, which check once
+
+
+@contextlib.contextmanager
+def _inputs_checked():
+    _STEP_CHECKS.append(False)
+    try:
+        yield
+    finally:
+        _STEP_CHECKS.pop()
+
+
+def _check_forward(model, images, tokens) -> None:
+    fn = "CaptionModel.forward"
+    _check_image(fn, "images", images, 3, model.img_size)
+    vocab_size = model.embed.num_embeddings
+    _check_tokens(fn, "tokens", tokens, (len(images), None), vocab_size)
+
+
+def _check_step(model, regions, token, h) -> None:
+    if not _STEP_CHECKS[-1]:
+        return
+    fn = "CaptionModel.step"
+    dim = model.init_h.in_features
+    for name, t in (("regions", regions), ("h", h)):
+        check_float(fn, name, t)
+    if regions.dim() != 3 or regions.shape[-1] != dim or h.shape != (len(regions), dim):
+        raise ValueError(
+            f"{fn}: regions must have shape (B, R, dim={dim}) and h (B, dim), got "
+            f"regions {tuple(regions.shape)} and h {tuple(h.shape)}"
+        )
+    _check_tokens(fn, "token", token, (len(regions),), model.embed.num_embeddings)
+
+
+def _check_generate(model, images, max_len, bos) -> None:
+    fn = "CaptionModel.generate"
+    vocab_size = model.embed.num_embeddings
+    _check_image(fn, "images", images, 3, model.img_size)
+    check_sizes(fn, max_len=max_len)
+    if not 0 <= check_int(fn, "bos", bos, minimum=0) < vocab_size:
+        raise ValueError(f"{fn}: bos must be in [0, {vocab_size}), got {bos}")
+
+
 class CaptionModel(nn.Module):
     r"""A small "show, attend and tell" captioner (Xu et al., 2015): CNN encoder, GRU
     decoder with additive attention.
@@ -495,8 +653,8 @@ class CaptionModel(nn.Module):
         self, vocab_size: int, img_size: int = 24, dim: int = 64, attn_dim: int = 32
     ):
         super().__init__()
-        if img_size % 4:
-            raise ValueError(f"img_size must be divisible by 4, got {img_size}")
+        _check_caption_sizes(vocab_size, img_size, dim, attn_dim)
+        self.img_size = img_size
         self.grid = img_size // 4
         self.encoder = nn.Sequential(
             nn.Conv2d(3, 32, 3, padding=1),
@@ -518,12 +676,13 @@ class CaptionModel(nn.Module):
     def encode(self, images: torch.Tensor) -> torch.Tensor:
         """Region features ``(B, R, dim)``, regions row-major over the ``grid x grid``
         feature map."""
-        _check_image("images", images, 3)
+        _check_image("CaptionModel.encode", "images", images, 3, self.img_size)
         return self.encoder(images).flatten(2).transpose(1, 2) + self.region_pos
 
     def step(self, regions: torch.Tensor, token: torch.Tensor, h: torch.Tensor):
         """One decoding step: ``(logits (B, vocab), new state (B, dim), weights (B,
         R))``."""
+        _check_step(self, regions, token, h)
         # (B, 1, R)
         scores = additive_score(
             h[:, None, :], regions, self.W_h.weight, self.W_a.weight, self.v
@@ -536,28 +695,32 @@ class CaptionModel(nn.Module):
     def forward(self, images: torch.Tensor, tokens: torch.Tensor):
         """Teacher forcing: ``tokens`` ``(B, T)`` are the inputs; predict ``tokens``
         shifted by one outside."""
+        _check_forward(self, images, tokens)
         regions = self.encode(images)
         h = torch.tanh(self.init_h(regions.mean(dim=1)))
         logits, weights = [], []
-        for t in range(tokens.shape[1]):
-            out, h, alpha = self.step(regions, tokens[:, t], h)
-            logits.append(out)
-            weights.append(alpha)
+        with _inputs_checked():  # once above, not at every step
+            for t in range(tokens.shape[1]):
+                out, h, alpha = self.step(regions, tokens[:, t], h)
+                logits.append(out)
+                weights.append(alpha)
         return torch.stack(logits, dim=1), torch.stack(weights, dim=1)
 
     @torch.no_grad()
     def generate(self, images: torch.Tensor, *, max_len: int, bos: int = 0):
         """Greedy decoding from ``bos`` for ``max_len`` steps: tokens ``(B, max_len)``,
         weights ``(B, max_len, R)``."""
+        _check_generate(self, images, max_len, bos)
         regions = self.encode(images)
         h = torch.tanh(self.init_h(regions.mean(dim=1)))
         token = torch.full(
             (images.shape[0],), bos, dtype=torch.long, device=images.device
         )
         tokens, weights = [], []
-        for _ in range(max_len):
-            out, h, alpha = self.step(regions, token, h)
-            token = out.argmax(dim=-1)
-            tokens.append(token)
-            weights.append(alpha)
+        with _inputs_checked():  # once above, not at every step
+            for _ in range(max_len):
+                out, h, alpha = self.step(regions, token, h)
+                token = out.argmax(dim=-1)
+                tokens.append(token)
+                weights.append(alpha)
         return torch.stack(tokens, dim=1), torch.stack(weights, dim=1)

@@ -10,6 +10,8 @@ import numpy as np
 import seaborn as sns
 import torch
 
+from .contract import check_flag, check_real
+
 __all__ = ["set_style", "attention_heatmap", "plot_mask", "loglog_plot", "to_numpy"]
 
 CMAP = "rocket_r"
@@ -28,7 +30,47 @@ def to_numpy(x) -> np.ndarray:
     array."""
     if isinstance(x, torch.Tensor):
         return x.detach().float().cpu().numpy()
-    return np.asarray(x, dtype=float)
+    try:
+        return np.asarray(x, dtype=float)
+    except (TypeError, ValueError):
+        raise TypeError(
+            "to_numpy: x must be a tensor, an array or a (nested) sequence of "
+            "numbers, "
+            f"got {x!r:.60}"
+        ) from None
+
+
+def _check_2d(fn: str, name: str, x) -> np.ndarray:
+    try:
+        a = to_numpy(x)
+    except TypeError:
+        raise TypeError(
+            f"{fn}: {name} must be a 2-D tensor or array, got {x!r:.60}"
+        ) from None
+    if a.ndim != 2:
+        raise ValueError(
+            f"{fn}: {name} must be 2-D (queries, keys), got shape {a.shape}"
+        )
+    return a
+
+
+def _check_heatmap(weights, x_labels, y_labels, annot, vmax, cbar) -> np.ndarray:
+    fn = "attention_heatmap"
+    w = _check_2d(fn, "weights", weights)
+    for name, labels, n in (
+        ("x_labels", x_labels, w.shape[1]),
+        ("y_labels", y_labels, w.shape[0]),
+    ):
+        if labels is not None and (isinstance(labels, str) or len(labels) != n):
+            raise ValueError(
+                f"{fn}: {name} must be {n} labels for weights of shape {w.shape}, got "
+                f"{labels!r:.60}"
+            )
+    if vmax is not None:
+        check_real(fn, "vmax", vmax, above=0)
+    check_flag(fn, "annot", annot)
+    check_flag(fn, "cbar", cbar)
+    return w
 
 
 def attention_heatmap(
@@ -48,9 +90,7 @@ def attention_heatmap(
     ``vmax=1`` keeps colours comparable across plots (weights are probabilities); pass
     ``None`` to stretch the colour scale to the data (for scores, not weights).
     """
-    w = to_numpy(weights)
-    if w.ndim != 2:
-        raise ValueError(f"weights must be 2-D (queries, keys), got shape {w.shape}")
+    w = _check_heatmap(weights, x_labels, y_labels, annot, vmax, cbar)
     ax = ax or plt.gca()
     sns.heatmap(
         w,
@@ -76,9 +116,7 @@ def attention_heatmap(
 def plot_mask(mask, *, ax=None, title: str | None = None):
     """Show a boolean mask (True = may attend) as dark cells on white; rows are
     queries."""
-    m = to_numpy(mask)
-    if m.ndim != 2:
-        raise ValueError(f"mask must be 2-D (queries, keys), got shape {m.shape}")
+    m = _check_2d("plot_mask", "mask", mask)
     ax = ax or plt.gca()
     ax.imshow(m, cmap="Greys", vmin=0, vmax=1, interpolation="nearest")
     ax.set_xlabel("key j")
@@ -87,6 +125,23 @@ def plot_mask(mask, *, ax=None, title: str | None = None):
     if title:
         ax.set_title(title)
     return ax
+
+
+def _check_loglog_plot(x, series, fit) -> None:
+    fn = "loglog_plot"
+    check_flag(fn, "fit", fit)
+    if not isinstance(series, Mapping) or not series:
+        raise TypeError(
+            f"{fn}: series must be a non-empty mapping {{name: values}}, got "
+            f"{series!r:.60}"
+        )
+    n = len(to_numpy(x).reshape(-1))
+    for name, y in series.items():
+        if len(to_numpy(y).reshape(-1)) != n:
+            raise ValueError(
+                f"{fn}: series[{name!r}] has {len(to_numpy(y).reshape(-1))} values for "
+                f"{n} x values"
+            )
 
 
 def loglog_plot(
@@ -107,6 +162,7 @@ def loglog_plot(
     """
     from .complexity import loglog_slope
 
+    _check_loglog_plot(x, series, fit)
     ax = ax or plt.gca()
     for name, y in series.items():
         y = to_numpy(y)

@@ -23,6 +23,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
+from .contract import check_int, check_real
 from .core import attention_entropy
 
 __all__ = [
@@ -39,23 +40,31 @@ DEFAULT_SCORES = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
 def _check_inputs(
     scores, temperatures: Sequence[float]
 ) -> tuple[torch.Tensor, list[float]]:
-    scores = (
-        DEFAULT_SCORES
-        if scores is None
-        else torch.as_tensor(scores, dtype=torch.float32)
-    )
+    fn = "softmax_temperature_explorer"
+    if scores is None:
+        scores = DEFAULT_SCORES
+    elif isinstance(scores, torch.Tensor) and scores.dtype == torch.bool:
+        raise TypeError(f"{fn}: scores must be real numbers, got a bool tensor")
+    else:
+        scores = _as_vector(fn, "scores", scores)
     if scores.dim() != 1 or scores.numel() < 2 or not torch.isfinite(scores).all():
         raise ValueError(
-            "scores must be a 1-D tensor of at least 2 finite values, got shape "
+            f"{fn}: scores must be a 1-D tensor of at least 2 finite values, got shape "
             f"{tuple(scores.shape)}"
         )
-    temperatures = [float(t) for t in temperatures]
-    if not temperatures or not all(math.isfinite(t) and t > 0 for t in temperatures):
+    if isinstance(temperatures, (str, bytes)) or not len(temperatures):
         raise ValueError(
-            "temperatures must be a non-empty sequence of positive finite numbers, "
-            f"got {temperatures}"
+            f"{fn}: temperatures must be a non-empty sequence of positive finite "
+            f"numbers, got {temperatures!r}"
         )
-    return scores, temperatures
+    return scores, [check_real(fn, "temperatures", t, above=0) for t in temperatures]
+
+
+def _as_vector(fn: str, name: str, x) -> torch.Tensor:
+    try:
+        return torch.as_tensor(x, dtype=torch.float32)
+    except (TypeError, ValueError, RuntimeError):
+        raise TypeError(f"{fn}: {name} must be numbers, got {x!r:.60}") from None
 
 
 def _bars(ax, weights: torch.Tensor, title: str) -> None:
@@ -200,6 +209,24 @@ def _draw_rotation(rope, q: torch.Tensor, k: torch.Tensor, m: int, n: int, ax) -
     return score
 
 
+def _check_rope_inputs(pairs, q, k) -> tuple[torch.Tensor, torch.Tensor]:
+    fn = "rope_rotation_explorer"
+    if not pairs:
+        raise ValueError(f"{fn}: pairs must name at least one (m, n) position pair")
+    for pair in pairs:
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise ValueError(f"{fn}: pairs must hold (m, n) pairs, got {pair!r}")
+        for position in pair:
+            check_int(fn, "pairs (positions m, n)", position, minimum=0)
+    q_t, k_t = _as_vector(fn, "q", q), _as_vector(fn, "k", k)
+    if q_t.shape != (2,) or k_t.shape != (2,):
+        raise ValueError(
+            f"{fn}: q and k must be 2-D vectors, got shapes {tuple(q_t.shape)} and "
+            f"{tuple(k_t.shape)}"
+        )
+    return q_t, k_t
+
+
 def rope_rotation_explorer(
     pairs: Sequence[tuple[int, int]] = ((0, 1), (2, 3), (0, 3)),
     q: Sequence[float] = (1.0, 0.2),
@@ -215,17 +242,7 @@ def rope_rotation_explorer(
     """
     from .positional import RotaryEmbedding
 
-    if not pairs:
-        raise ValueError("pairs must name at least one (m, n) position pair")
-    q_t, k_t = (
-        torch.as_tensor(q, dtype=torch.float32),
-        torch.as_tensor(k, dtype=torch.float32),
-    )
-    if q_t.shape != (2,) or k_t.shape != (2,):
-        raise ValueError(
-            f"q and k must be 2-D vectors, got shapes {tuple(q_t.shape)} and "
-            f"{tuple(k_t.shape)}"
-        )
+    q_t, k_t = _check_rope_inputs(pairs, q, k)
     rope = RotaryEmbedding(2)
     fig, axes = plt.subplots(
         1, len(pairs), figsize=(3.4 * len(pairs), 3.4), squeeze=False

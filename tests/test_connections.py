@@ -482,3 +482,27 @@ def test_han_rejects_padding_before_real_words_or_sentences():
     docs[1, 0] = 0  # an empty sentence before a real one
     with pytest.raises(ValueError, match=r"a sentence at index \(1, 1\) follows padding"):
         han(docs)
+
+
+def test_empty_sequences_and_wrong_masks():
+    """Regression: an empty sequence crashed the SSM forms (torch.stack of nothing, an FFT
+    of length 0), and the masks of TargetAttention and AttentionPooling were not checked."""
+    x, a = torch.randn(2, 0, 4), torch.full((4, 3), 0.5)
+    b = c = torch.randn(4, 3)
+    state = torch.randn(2, 4, 3)
+    y, h = C.ssm_recurrent(x, a, b, c, state)
+    assert y.shape == (2, 0, 4) and torch.equal(h, state)
+    assert C.ssm_convolution(x, a, b, c).shape == (2, 0, 4)
+    assert C.ssm_kernel(a, b, c, 0).shape == (4, 0)
+    assert C.DiagonalSSM(4, 3)(x).shape == (2, 0, 4)
+    with pytest.raises(ValueError, match=r"ssm_recurrent: state must have shape \(B, D, N\)"):
+        C.ssm_recurrent(torch.randn(2, 3, 4), a, b, c, torch.zeros(2, 4))
+    history, target = torch.randn(2, 5, 4), torch.randn(2, 4)
+    with pytest.raises(ValueError, match=r"TargetAttention.forward: key_padding_mask must have shape \(batch, S\) = \(2, 5\)"):
+        C.TargetAttention(4)(history, target, key_padding_mask=torch.zeros(2, 4, dtype=torch.bool))
+    with pytest.raises(TypeError, match="TargetAttention.forward: key_padding_mask must be bool"):
+        C.TargetAttention(4)(history, target, key_padding_mask=torch.zeros(2, 5))
+    with pytest.raises(ValueError, match="AttentionPooling.forward: key_padding_mask must have shape"):
+        C.AttentionPooling(4)(history, key_padding_mask=torch.zeros(5, 2, dtype=torch.bool))
+    with pytest.raises(ValueError, match="hopfield_update: beta must be a finite number > 0, got nan"):
+        C.hopfield_update(target, history[0], beta=float("nan"))

@@ -298,10 +298,12 @@ def test_sdpa_errors_name_the_argument(fn, kwargs, match):
 @pytest.mark.parametrize(
     "call, match",
     [
-        (lambda: causal_mask(-1), "L and S"),
-        (lambda: causal_mask(2, -3), "L and S"),
+        (lambda: causal_mask(-1), "causal_mask: L must be an integer >= 0, got -1"),
+        (lambda: causal_mask(2, -3), "causal_mask: S must be an integer >= 0, got -3"),
+        (lambda: causal_mask(2.5), "causal_mask: L must be an integer"),
+        (lambda: padding_mask([2.5, 3]), "padding_mask: lengths must hold integers"),
         (lambda: padding_mask([[1, 2]]), "lengths must be 1-D"),
-        (lambda: padding_mask([2, -1]), "lengths must be non-negative"),
+        (lambda: padding_mask([2, -1]), "padding_mask: lengths must be >= 0"),
         (lambda: padding_mask([2, 5], max_len=4), "max_len=4"),
         (lambda: dot_score(_t(2, 3), _t(4, 5)), "q and k"),
         (lambda: general_score(_t(2, 3), _t(4, 5), _t(5, 3)), r"W must have shape \(Eq, Ek\) = \(3, 5\)"),
@@ -330,7 +332,7 @@ def test_helper_errors_name_the_argument(call, match):
     [
         (dict(d_model=10, n_heads=4), "n_heads=4"),
         (dict(d_model=12, n_heads=4, n_kv_heads=3), "n_kv_heads=3"),
-        (dict(d_model=12, n_heads=4, n_kv_heads=0), "n_kv_heads=0"),
+        (dict(d_model=12, n_heads=4, n_kv_heads=0), "MultiHeadAttention: n_kv_heads must be a positive integer, got 0"),
         (dict(d_model=12, n_heads=4, n_kv_heads=8), "n_kv_heads=8"),
     ],
 )
@@ -342,10 +344,10 @@ def test_mha_constructor_errors(kwargs, match):
 @pytest.mark.parametrize(
     "x, context, match",
     [
-        (_t(5, 8), None, r"^x must have shape \(batch, seq, d_model=8\)"),
-        (_t(2, 5, 6), None, r"^x must have shape"),
-        (_t(2, 5, 8), _t(2, 3, 6), r"^context must have shape"),
-        (_t(2, 5, 8), _t(3, 8), r"^context must have shape"),
+        (_t(5, 8), None, r"^MultiHeadAttention: x must have shape \(batch, seq, d_model=8\)"),
+        (_t(2, 5, 6), None, r"^MultiHeadAttention: x must have shape"),
+        (_t(2, 5, 8), _t(2, 3, 6), r"^MultiHeadAttention: context must have shape"),
+        (_t(2, 5, 8), _t(3, 8), r"^MultiHeadAttention: context must have shape"),
         (_t(2, 5, 8), _t(3, 4, 8), r"same batch size"),
     ],
 )
@@ -883,3 +885,37 @@ def test_mha_dropout_only_in_train_mode(gen):
     dropped = wc == 0
     assert dropped.any() and (~dropped).any()
     torch.testing.assert_close(wc[~dropped], 2 * w[~dropped])  # survivors scaled by 1 / (1 - p)
+
+
+def test_float_masks_of_another_dtype_are_cast_to_the_scores_dtype_as_sdpa_does():
+    # a float64 additive mask on float32 scores: once promoted the weights to float64
+    # (hard_attention then failed in its matmul with v); now cast as torch's SDPA casts it
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 5, 4, generator=gen) for _ in range(3))
+    bool_mask = causal_mask(5)
+    float64 = torch.zeros(5, 5, dtype=torch.float64).masked_fill(~bool_mask, float("-inf"))
+    weights = masked_softmax(q @ k.mT, float64)
+    assert weights.dtype == torch.float32
+    assert torch.allclose(weights, masked_softmax(q @ k.mT, bool_mask))
+    out = hard_attention(q, k, v, float64)
+    assert out.dtype == torch.float32 and torch.equal(out, hard_attention(q, k, v, bool_mask))
+    # grouped-query heads with a mask over the query heads
+    q4, k2, v2 = torch.randn(4, 3, 8, generator=gen), torch.randn(2, 6, 8, generator=gen), torch.randn(2, 6, 8, generator=gen)
+    assert hard_attention(q4, k2, v2, causal_mask(3, 6)).shape == (4, 3, 8)
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda: masked_softmax(_t(2, 3), temperature=float("nan")), "masked_softmax: temperature"),
+        (lambda: scaled_dot_product_attention(_t(2, 4), _t(3, 4), _t(3, 4), scale=float("nan")),
+         "scaled_dot_product_attention: scale"),
+        (lambda: scaled_dot_product_attention(_t(2, 4), _t(3, 4), _t(3, 4), is_causal="yes"),
+         "scaled_dot_product_attention: is_causal"),
+        (lambda: MultiHeadAttention(8, 0), "MultiHeadAttention: n_heads must be a positive integer"),
+        (lambda: dot_score(_t(2, 4).long(), _t(3, 4).long()), "dot_score: q must be a floating-point"),
+    ],
+)
+def test_nan_parameters_flags_and_integer_tensors_are_refused(call, match):
+    with pytest.raises((ValueError, TypeError), match=match):
+        call()

@@ -204,5 +204,5 @@ def test_repeated_tokens_repeat_their_first_half():
     assert x.shape == (4, 14) and torch.equal(x[:, :7], x[:, 7:])
     assert x.min() >= 0 and x.max() < 50
     assert torch.equal(x, repeated_tokens(4, 7, 50, generator=torch.Generator().manual_seed(0)))
-    with pytest.raises(ValueError, match="period must be >= 1"):
+    with pytest.raises(ValueError, match="repeated_tokens: period must be a positive integer"):
         repeated_tokens(2, 0, 50)

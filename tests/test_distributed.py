@@ -385,7 +385,7 @@ def _fail_on_rank_1(rank, world):
 def test_run_on_ranks_reports_a_failing_rank_and_stops_the_others():
     with pytest.raises(RuntimeError, match=r"rank 1 raised:(.|\n)*boom on rank 1"):
         run_on_ranks(_fail_on_rank_1, 2, timeout=60)
-    with pytest.raises(ValueError, match="world_size must be >= 1"):
+    with pytest.raises(ValueError, match="run_on_ranks: world_size must be an integer >= 1"):
         run_on_ranks(_fail_on_rank_1, 0)
 
 
@@ -397,3 +397,20 @@ def test_run_on_ranks_reports_a_rank_that_dies_without_a_result():
     with pytest.raises(RuntimeError, match="rank 0 exited with code 3 without a result"):
         run_on_ranks(_die, 1, timeout=60)
 
+
+
+def test_the_pure_functions_refuse_bad_sizes():
+    """Regression: a fractional rank or world was used as is (float positions), world=0
+    divided by zero in the closed forms."""
+    import pytest
+
+    from attnbook import distributed
+
+    with pytest.raises(TypeError, match="shard_positions: rank must be an integer >= 0, got 1.5"):
+        distributed.shard_positions(1.5, 4, 8)
+    with pytest.raises(ValueError, match="pairs_per_rank: world must be a positive integer, got 0"):
+        distributed.pairs_per_rank(8, 0)
+    with pytest.raises(ValueError, match="ring_bytes_per_rank: world must be a positive integer, got 0"):
+        distributed.ring_bytes_per_rank(1, 8, 1024, 64, 0, 2)
+    with pytest.raises(ValueError, match="time_on_rank: method must be 'ring' or 'ulysses'"):
+        distributed.time_on_rank(0, 1, *[torch.randn(1, 2, 4, 4)] * 3, method="tree")

@@ -122,3 +122,12 @@ def test_cache_offsets_past_two_to_the_31_elements():
     seqlens = torch.tensor([40, 17, 33])
     out = decode_attention(q, k, v, seqlens, num_splits=2)
     torch.testing.assert_close(out.float(), reference(q, k, v, seqlens), atol=2e-3, rtol=2e-3)
+
+
+def test_num_splits_zero_is_refused_before_launch():
+    """Regression: num_splits=0 was silently replaced by default_num_splits."""
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 40, 16)
+    with pytest.raises(ValueError, match="decode_attention: num_splits must be an integer >= 1, got 0"):
+        decode_attention(q, k, k, torch.tensor([40]), num_splits=0)
+    with pytest.raises(ValueError, match="decode_attention: scale must be a finite number"):
+        decode_attention(q, k, k, torch.tensor([40]), scale=float("nan"))

@@ -412,3 +412,23 @@ def test_every_cache_applies_the_contracts_update_rule():
     pages.allocate("a")
     with pytest.raises(ValueError, match="PagedKVCache.append: k and v must have shape"):
         pages.append("a", randn(1, 0, 4), randn(1, 0, 4))
+
+
+def test_num_splits_zero_and_bad_sizes_are_refused_not_replaced():
+    """Regression: num_splits=0 fell back to the default, max_len=-1 and integer
+    tensors slipped through; each now names the function and the argument."""
+    q, k = torch.zeros(1, 1, 1, 4), torch.zeros(1, 1, 8, 4)
+    lens = torch.tensor([3])
+    for call in (split_kv_attention, decode_attention):
+        with pytest.raises(ValueError, match=f"{call.__name__}: num_splits must be an integer >= 1, got 0"):
+            call(q, k, k, lens, num_splits=0)
+        with pytest.raises(TypeError, match=f"{call.__name__}: q must be a floating-point tensor"):
+            call(q.long(), k.long(), k.long(), lens)
+    with pytest.raises(ValueError, match="KVCache: max_len must be a positive integer, got -1"):
+        KVCache(1, 1, 1, 4, -1)
+    with pytest.raises(ValueError, match="SlidingWindowKVCache: window must be a positive integer"):
+        SlidingWindowKVCache(1, 1, 1, 4, 0)
+    with pytest.raises(TypeError, match="KVCache.update: k_new must be a floating-point tensor"):
+        KVCache(1, 1, 1, 4, 8).update(0, torch.zeros(1, 1, 1, 4, dtype=torch.long), torch.zeros(1, 1, 1, 4))
+    with pytest.raises(ValueError, match="PagedKVCache.gather: seq_id 'x' is not allocated"):
+        PagedKVCache(2, 2, 1, 4).gather("x")

@@ -791,3 +791,17 @@ def test_top_k_above_the_vocabulary_keeps_every_token():
         return model.generate(prompt, 10, temperature=1.0, generator=torch.Generator().manual_seed(5), **kw)
 
     assert torch.equal(sample(top_k=1000), sample())
+
+
+def test_layers_and_head_ablation_name_a_wrong_input():
+    """Regression: MLP and Block raised RuntimeError on a wrong width or an integer input,
+    head_ablation AttributeError on a model without a config."""
+    from attnbook.models import MLP, Block, head_ablation
+
+    cfg = TransformerConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=1)
+    with pytest.raises(ValueError, match=r"MLP.forward: x must have shape \(..., d_model=16\), got \(2, 7\)"):
+        MLP(cfg)(torch.randn(2, 7))
+    with pytest.raises(TypeError, match="Block.forward: x must be a floating-point tensor"):
+        Block(cfg, is_causal=True)(torch.ones(2, 3, 16, dtype=torch.long))
+    with pytest.raises(TypeError, match="head_ablation: model must be a model with a TransformerConfig"):
+        head_ablation(torch.nn.Linear(2, 2), lambda model, mask: 0.0)

@@ -316,7 +316,7 @@ def test_cache_bytes_per_token_rejects_bad_arguments():
         cache_bytes_per_token("mla", **sizes, kv_latent_dim=4)
     with pytest.raises(ValueError, match="n_kv_heads=3"):
         cache_bytes_per_token("gqa", **sizes, n_kv_heads=3)
-    with pytest.raises(ValueError, match="n_layers must be positive"):
+    with pytest.raises(ValueError, match="cache_bytes_per_token: n_layers must be a positive integer"):
         cache_bytes_per_token("mqa", n_layers=0, n_heads=4, head_dim=8)
 
 
@@ -518,7 +518,7 @@ def test_greedy_speculation_for_a_batch_across_attention_kinds_and_positions(att
 def test_speculative_generate_rejects_bad_arguments():
     target, draft = greedy_pair("other")
     prompt = tokens(B=1, T=3, vocab=13)
-    with pytest.raises(ValueError, match="k must be positive"):
+    with pytest.raises(ValueError, match="speculative_generate: k must be a positive integer"):
         speculative_generate(target, draft, prompt, 4, k=0)
     with pytest.raises(ValueError, match="vocab_size=11"):
         speculative_generate(target, scaled_model(1), prompt, 4)
@@ -704,3 +704,16 @@ def test_sampling_probs_is_greedy_at_temperature_zero_and_keeps_the_top_k():
     top2 = sampling_probs(logits, 0.5, top_k=2)
     torch.testing.assert_close(top2, torch.tensor([[0.0, 1.0, math.exp(-2.0), 0.0]]) / (1 + math.exp(-2.0)))
     torch.testing.assert_close(sampling_probs(logits, 1.0), torch.softmax(logits, -1))
+
+
+def test_mla_on_an_empty_batch_and_sampling_arguments():
+    """Regression: MLA crashed on batch 0 (reshape(B, T, -1) of nothing), sampling_probs
+    took top_k=0 and a NaN temperature silently."""
+    from attnbook.serving import sampling_probs
+
+    assert mla()(randn(0, 3, 8)).shape == (0, 3, 8)
+    logits = torch.randn(2, 5)
+    with pytest.raises(ValueError, match="sampling_probs: top_k must be a positive integer, got 0"):
+        sampling_probs(logits, 1.0, top_k=0)
+    with pytest.raises(ValueError, match="sampling_probs: temperature must be a finite number >= 0, got nan"):
+        sampling_probs(logits, float("nan"))

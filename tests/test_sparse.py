@@ -382,3 +382,27 @@ def test_graph_distances_window_and_global():
     n, w = 33, 2
     assert graph_distances(sliding_window_mask(n, w)).max() == math.ceil((n - 1) / w)
     assert graph_distances(longformer_mask(n, w, [16])).max() == 2  # any token -> global token -> any token
+
+
+@pytest.mark.parametrize(
+    "call, error, match",
+    [
+        # a bool tensor used as indices made tokens 0 and 1 global (True, False -> 1, 0)
+        (lambda: global_mask(4, torch.tensor([True, False, False, True])), TypeError,
+         r"global_mask: global_idx must hold integer positions, got a torch.bool tensor .*nonzero"),
+        (lambda: global_mask(8, [1.5, 3]), TypeError, "global_mask: global_idx must hold integers"),
+        (lambda: lsh_buckets(torch.ones(8, 4, dtype=torch.long), 4), TypeError,
+         "lsh_buckets: x must be a floating-point tensor"),
+        (lambda: sliding_window_mask(8, 2.5), TypeError, "sliding_window_mask: window"),
+        (lambda: sliding_window_attention(*[torch.ones(4, 2)] * 3, 1, scale=float("nan")), ValueError,
+         "sliding_window_attention: scale"),
+    ],
+)
+def test_wrong_inputs_are_refused_not_rounded(call, error, match):
+    with pytest.raises(error, match=match):
+        call()
+
+
+def test_bool_mask_as_global_positions_via_nonzero():
+    flags = torch.tensor([True, False, False, True])
+    assert torch.equal(global_mask(4, flags.nonzero().flatten()), global_mask(4, [0, 3]))

@@ -132,7 +132,7 @@ def test_lm_optimizer_decays_the_matrices_only():
     assert all(p.dim() == 1 for p in plain["params"])
     ids = {id(p) for g in opt.param_groups for p in g["params"]}
     assert ids == {id(p) for p in model.parameters()}  # every parameter once
-    with pytest.raises(ValueError, match="lr must be positive"):
+    with pytest.raises(ValueError, match="lm_optimizer: lr must be a finite number > 0"):
         transformer.lm_optimizer(model, 0.0)
 
 
@@ -338,3 +338,19 @@ def test_head_ablation_equals_the_loss_with_that_head_masked():
     mask[1, 2] = 0
     assert losses[1, 2].item() == pytest.approx(loss_fn(model, mask).item())
     assert len(set(losses.flatten().tolist())) > 1
+
+
+def test_bad_arguments_name_the_function_and_the_argument():
+    """Regression: exact_match on no pair divided by zero; a prompt with a character not in
+    the vocabulary, an out-of-range period or token id reached the model."""
+    task = data.date_task(n_train=8, n_test=4, generator=torch.Generator().manual_seed(0))
+    vocab = max(len(task.src_vocab), len(task.tgt_vocab))
+    model = models.TinySeq2Seq(TransformerConfig(vocab_size=vocab, n_layers=1))
+    with pytest.raises(ValueError, match="exact_match: pairs is empty"):
+        transformer.exact_match(model, task, [])
+    chars = data.Vocab("abc ")
+    gpt = models.TinyGPT(TransformerConfig(vocab_size=len(chars), n_layers=1))
+    with pytest.raises(ValueError, match=r"sample_text: prompt has characters not in vocab: \['z'\]"):
+        transformer.sample_text(gpt, chars, "az", 3)
+    with pytest.raises(ValueError, match="repeat_losses: period must be an integer >= 2, got 1"):
+        transformer.repeat_losses(gpt, torch.zeros(2, 2, dtype=torch.long), 1)

@@ -83,8 +83,14 @@ def test_show_source_names_a_start_or_end_that_is_not_in_the_code():
 
 
 def test_show_source_rejects_builtins():
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="show_source: obj must be a function or a class"):
         utils.show_source(len)
+
+
+@pytest.mark.parametrize("seed", [2.5, -1, True, 2**32])
+def test_seed_everything_refuses_what_numpy_cannot_seed(seed):
+    with pytest.raises((TypeError, ValueError), match="seed_everything: seed"):
+        utils.seed_everything(seed)
 
 
 def test_largest_new_tensor_counts_what_operations_create_not_the_inputs():
@@ -108,5 +114,7 @@ def test_single_thread_restores_the_thread_count():
 def test_check_positive_names_the_argument_and_refuses_bools_floats_and_zero():
     utils.check_positive(seq_len=3, block=1)
     for bad in (0, -2, 1.0, True, "3"):
-        with pytest.raises(ValueError, match=rf"^block must be a positive integer, got {bad!r}$"):
+        with pytest.raises(ValueError, match=rf"^check_positive: block must be a positive integer, got {bad!r}$"):
             utils.check_positive(seq_len=3, block=bad)
+        with pytest.raises(ValueError, match=rf"^Cache: block must be a positive integer, got {bad!r}$"):
+            utils.check_positive("Cache", seq_len=3, block=bad)

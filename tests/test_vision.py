@@ -272,3 +272,28 @@ def test_caption_model_shapes_and_weights(gen):
     torch.testing.assert_close(weights.sum(-1), torch.ones(4, captions.shape[1] - 1))
     tokens, gen_weights = model.generate(images, max_len=5)
     assert tokens.shape == (4, 5) and gen_weights.shape == (4, 5, 36)
+
+
+def test_bad_sizes_and_inputs_raise_clear_errors():
+    """Regression: reduction=0 and patch_size=0 used to raise ZeroDivisionError, and
+    CaptionModel.encode took images of the wrong size until the position embedding
+    failed to broadcast (RuntimeError)."""
+    from attnbook import vision
+
+    with pytest.raises(ValueError, match="SqueezeExcitation: reduction must be a positive integer, got 0"):
+        vision.SqueezeExcitation(8, reduction=0)
+    with pytest.raises(ValueError, match="CBAM: reduction must be a positive integer, got 0"):
+        vision.CBAM(8, reduction=0)
+    with pytest.raises(ValueError, match="PatchEmbedding: patch_size must be a positive integer, got 0"):
+        vision.PatchEmbedding(8, 0, 3, 4)
+    model = vision.CaptionModel(10, img_size=8, dim=8, attn_dim=4)
+    with pytest.raises(ValueError, match=r"CaptionModel.encode: images must be 8 x 8 images, got shape \(2, 3, 12, 12\)"):
+        model.encode(torch.randn(2, 3, 12, 12))
+    with pytest.raises(ValueError, match=r"CaptionModel.forward: tokens holds token ids outside the vocabulary \[0, 10\)"):
+        model(torch.randn(2, 3, 8, 8), torch.full((2, 3), 10))
+    regions = model.encode(torch.randn(2, 3, 8, 8))
+    with pytest.raises(ValueError, match="CaptionModel.step: token holds token ids outside"):
+        model.step(regions, torch.tensor([0, 10]), torch.zeros(2, 8))
+    tokens, weights = model.generate(torch.randn(2, 3, 8, 8), max_len=3)
+    assert tokens.shape == (2, 3) and weights.shape == (2, 3, 4)
+    assert vision._STEP_CHECKS == [True]  # generate turned the per-step checks back on

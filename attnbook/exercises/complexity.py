@@ -268,7 +268,12 @@ def _check_kv_decoding_cost(student) -> None:
                 f"sums{' against t cached keys and values' if kv_cache else ''}."
                 + _decoding_slip(decoding_flops, kv_cache)
             )
-    dtypes = {1: torch.uint8, 2: torch.float16, 4: torch.float32, 8: torch.float64}
+    dtypes = {
+        1: torch.float8_e4m3fn,
+        2: torch.float16,
+        4: torch.float32,
+        8: torch.float64,
+    }
     for n_layers, d, h, h_kv, seq_len, nbytes, batch in [
         (32, 4096, 32, 32, 4096, 2, 1),
         (32, 4096, 32, 8, 4096, 2, 1),

@@ -80,6 +80,11 @@ LAUNCHED = {
 }
 
 
+def _check_kernel(fn: str, kernel) -> None:
+    if kernel not in _KERNELS:
+        raise ValueError(f"{fn}: kernel must be one of {_KERNELS}, got {kernel!r}")
+
+
 def compiled_fit(
     kernel: str,
     capability: tuple[int, int],
@@ -100,6 +105,7 @@ def compiled_fit(
     from .compile import TARGETS
     from .tuning import _measured_target, _table, padded_head_dim
 
+    _check_kernel("compiled_fit", kernel)
     target = _measured_target(tuple(capability))
     if target is None:
         return None
@@ -159,8 +165,7 @@ def plan(
     Returns ``("triton", note)`` or ``("torch", reason)``; the note says when Triton
     runs but without tensor cores (capability 7.x).
     """
-    if kernel not in _KERNELS:
-        raise ValueError(f"kernel must be one of {_KERNELS}, got {kernel!r}")
+    _check_kernel("plan", kernel)
     if capability is None:
         return (
             "torch",
@@ -223,6 +228,10 @@ def plan_for(
     """:func:`plan` for queries ``x`` shaped ``(..., head_dim)`` (their device, dtype
     and last dim), values ``v`` if given (the wider of the two widths decides) and a
     block-sparse mask's ``block_size``."""
+    _check_kernel("plan_for", kernel)
+    for name, t in (("x", x), ("v", v)):
+        if t is not None and not isinstance(t, torch.Tensor):
+            raise TypeError(f"plan_for: {name} must be a torch.Tensor, got {t!r}")
     width = max(x.shape[-1], v.shape[-1] if v is not None else 0)
     capability = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
     return plan(kernel, capability, x.dtype, width, _triton_version(), block_size)
@@ -270,7 +279,13 @@ def support(device: torch.device | str | None = None) -> KernelSupport:
     """
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"support: device must be a torch.device or a name such as 'cuda:0', got "
+            f"{device!r}"
+        ) from None
     if device.type == "cuda":
         name, capability = (
             torch.cuda.get_device_name(device),

@@ -72,6 +72,11 @@ class Resources:
 def fits(resources: Resources) -> tuple[bool, str]:
     """Whether the kernel launches on its target (shared memory within the per-block
     limit) and runs from registers alone (no local memory), and if not, why."""
+    if not isinstance(resources, Resources) or resources.capability not in TARGETS:
+        raise ValueError(
+            f"fits: resources must be Resources compiled for one of {list(TARGETS)}, "
+            f"got {resources!r}"
+        )
     target = TARGETS[resources.capability]
     if resources.shared > target.shared:
         return False, (
@@ -163,7 +168,10 @@ def compile_variants(
     jobs = []
     for capability, dtype, head_dim in cases:
         if capability not in TARGETS:
-            raise ValueError(f"capability must be one of {list(TARGETS)}")
+            raise ValueError(
+                f"compile_variants: capability must be one of {list(TARGETS)}, got "
+                f"{capability!r}"
+            )
         for kernel in kernels:
             module, extra = modules[kernel]
             kwargs = {"dtype": dtype, "head_dim": head_dim, **extra}

@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..contract import check_decode
+from ..contract import check_decode, check_int, check_real, check_sizes
 
 __all__ = ["MAX_HEAD_DIM", "decode_attention", "default_num_splits", "variants"]
 
@@ -201,6 +201,9 @@ def default_num_splits(
 ) -> int:
     """Enough splits that ``batch * heads * splits`` reaches about ``target_programs``
     (an H100 has 132 SMs), but no split shorter than one ``BLOCK_N`` tile."""
+    check_int("default_num_splits", "batch_heads", batch_heads, 0)
+    check_int("default_num_splits", "max_len", max_len, 0)
+    check_sizes("default_num_splits", target_programs=target_programs)
     return max(
         1,
         min(
@@ -237,7 +240,10 @@ def variants(dtype: torch.dtype, head_dim: int, v_dim: int | None = None) -> lis
 
     names = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32"}
     if dtype not in names:
-        raise ValueError(f"dtype must be one of {list(names)}, got {dtype}")
+        raise ValueError(f"variants: dtype must be one of {list(names)}, got {dtype}")
+    check_sizes(
+        "variants", head_dim=head_dim, **({} if v_dim is None else {"v_dim": v_dim})
+    )
     data = "*" + names[dtype]
     v_dim = head_dim if v_dim is None else v_dim
     split = {"Q": data, "K": data, "V": data, "SEQLENS": "*i32", "scale": "fp32"}
@@ -273,6 +279,27 @@ def variants(dtype: torch.dtype, head_dim: int, v_dim: int | None = None) -> lis
     return found
 
 
+def _check_decode_kernel(q, k_cache, v_cache, cache_seqlens, num_splits, scale):
+    """The contract's decode checks, then the kernel's limits: head dims up to
+    ``MAX_HEAD_DIM``, ``num_splits`` None or in ``[1, MAX_SPLITS]``, ``scale`` None
+    or finite."""
+    fn = "decode_attention"
+    check_decode(fn, q, k_cache, v_cache, cache_seqlens)
+    for name, t in (("q", q), ("v_cache", v_cache)):
+        if not 1 <= t.shape[-1] <= MAX_HEAD_DIM:
+            raise ValueError(
+                f"{fn}: the head_dim of {name} {tuple(t.shape)} must be "
+                f"at most {MAX_HEAD_DIM} for the Triton kernel, got {t.shape[-1]}"
+            )
+    if num_splits is not None and check_int(fn, "num_splits", num_splits) > MAX_SPLITS:
+        raise ValueError(
+            f"{fn}: num_splits must be between 1 and {MAX_SPLITS} (the merge kernel "
+            f"reads every split in one tile), got {num_splits}"
+        )
+    if scale is not None:
+        check_real(fn, "scale", scale)
+
+
 def decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -293,22 +320,12 @@ def decode_attention(
     ``_split_kernel`` on a ``(batch * heads, num_splits)`` grid, then ``_merge_kernel``
     on ``(batch * heads,)``.
     """
-    check_decode("decode_attention", q, k_cache, v_cache, cache_seqlens)
-    for name, t in (("q", q), ("v_cache", v_cache)):
-        if not 1 <= t.shape[-1] <= MAX_HEAD_DIM:
-            raise ValueError(
-                f"decode_attention: the head_dim of {name} {tuple(t.shape)} must be "
-                f"at most {MAX_HEAD_DIM} for the Triton kernel, got {t.shape[-1]}"
-            )
+    _check_decode_kernel(q, k_cache, v_cache, cache_seqlens, num_splits, scale)
     B, H, _, d = q.shape
     dv = v_cache.shape[-1]
     S = k_cache.shape[2]
-    num_splits = num_splits or default_num_splits(B * H, S)
-    if not 1 <= num_splits <= MAX_SPLITS:
-        raise ValueError(
-            f"num_splits must be between 1 and {MAX_SPLITS} (the merge kernel reads "
-            f"every split in one tile), got {num_splits}"
-        )
+    if num_splits is None:
+        num_splits = default_num_splits(B * H, S)
     split_len = max(1, math.ceil(S / num_splits))
     seqlens = cache_seqlens.to(device=q.device, dtype=torch.int32).contiguous()
     o_part = torch.empty(B, H, num_splits, dv, dtype=torch.float32, device=q.device)

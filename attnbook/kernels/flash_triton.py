@@ -38,7 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..contract import check_attention_options, check_qkv
+from ..contract import check_attention_options, check_int, check_qkv, check_sizes
 from . import tuning
 from .tuning import Config, padded_head_dim
 
@@ -921,6 +921,7 @@ def _block_index(
     S: int,
     device: torch.device,
     by_columns: bool = False,
+    fn: str = "block_sparse_forward",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``block_mask`` as compressed-sparse-row indices ``(row_ptr, col_idx)``: row
     ``i``'s active key blocks are ``col_idx[row_ptr[i]:row_ptr[i + 1]]``. With
@@ -928,7 +929,7 @@ def _block_index(
     n_qb, n_kb = triton.cdiv(L, block_size), triton.cdiv(S, block_size)
     if block_mask.dtype != torch.bool or tuple(block_mask.shape) != (n_qb, n_kb):
         raise ValueError(
-            f"block_mask must be bool of shape {(n_qb, n_kb)} for L={L}, S={S}, "
+            f"{fn}: block_mask must be bool of shape {(n_qb, n_kb)} for L={L}, S={S}, "
             f"block_size={block_size}; "
             f"got {block_mask.dtype} {tuple(block_mask.shape)}"
         )
@@ -941,11 +942,11 @@ def _block_index(
     return ptr, index
 
 
-def _check_block_size(block_size: int) -> None:
-    if block_size < 16 or block_size & (block_size - 1):
+def _check_block_size(fn: str, block_size: int) -> None:
+    if check_int(fn, "block_size", block_size) < 16 or block_size & (block_size - 1):
         raise ValueError(
-            "block_size must be a power of two >= 16 for the Triton kernels, got "
-            f"{block_size}"
+            f"{fn}: block_size must be a power of two >= 16 for the Triton kernels, "
+            f"got {block_size}"
         )
 
 
@@ -1281,7 +1282,7 @@ def block_sparse_forward(
     :func:`block_sparse_backward` needs.
     """
     _check_inputs("block_sparse_forward", q, k, v)
-    _check_block_size(block_size)
+    _check_block_size("block_sparse_forward", block_size)
     layout = _padded(q, k, v)
     index = _block_index(block_mask, block_size, layout.L, layout.S, q.device)
     options = _options(q, layout, is_causal, (-1, -1), None, 0.0)
@@ -1307,12 +1308,11 @@ def block_sparse_backward(
     indices), the dQ kernel each query block's row, so inactive tiles cost nothing
     here either."""
     _check_inputs("block_sparse_backward", q, k, v)
-    _check_block_size(block_size)
+    _check_block_size("block_sparse_backward", block_size)
     layout = _padded(q, k, v)
-    rows = _block_index(block_mask, block_size, layout.L, layout.S, q.device)
-    cols = _block_index(
-        block_mask, block_size, layout.L, layout.S, q.device, by_columns=True
-    )
+    fn, (L, S) = "block_sparse_backward", (layout.L, layout.S)
+    rows = _block_index(block_mask, block_size, L, S, q.device, False, fn)
+    cols = _block_index(block_mask, block_size, L, S, q.device, True, fn)
     options = _options(q, layout, is_causal, (-1, -1), None, 0.0)
     return _backward(
         q, k, v, out, lse, grad_out, layout, scale, options, (rows, cols), block_size
@@ -1368,7 +1368,11 @@ def variants(
     from .variants import Variant, specialize
 
     if dtype not in _TRITON_DTYPE:
-        raise ValueError(f"dtype must be one of {list(_TRITON_DTYPE)}, got {dtype}")
+        raise ValueError(
+            f"variants: dtype must be one of {list(_TRITON_DTYPE)}, got {dtype}"
+        )
+    sizes = {} if v_dim is None else {"v_dim": v_dim}
+    check_sizes("variants", head_dim=head_dim, **sizes)
     v_dim = head_dim if v_dim is None else v_dim
     shapes = {
         "HEAD_DIM": head_dim,

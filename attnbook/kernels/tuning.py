@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from ..contract import check_sizes
+
 __all__ = [
     "Config",
     "SPACE",
@@ -44,6 +46,12 @@ class Config:
     block_n: int
     num_warps: int = 4
     num_stages: int = 2
+
+    def __post_init__(self):
+        check_sizes(
+            "Config", block_m=self.block_m, block_n=self.block_n,
+            num_warps=self.num_warps, num_stages=self.num_stages,
+        )  # fmt: skip
 
     @property
     def label(self) -> str:
@@ -80,6 +88,7 @@ def padded_head_dim(head_dim: int) -> int:
     """The width a kernel's tile gives a head of ``head_dim`` (the next power of two, at
     least 16: ``tl.dot`` needs 16): head dims 40, 80, 96 run as 64, 128, 128 with the
     extra columns masked."""
+    check_sizes("padded_head_dim", head_dim=head_dim)
     return max(16, 1 << (int(head_dim) - 1).bit_length())
 
 
@@ -113,6 +122,26 @@ def _measured_target(capability: tuple[int, int]) -> int | None:
     return max(below) if below else None
 
 
+def _check_candidates(kernel, capability) -> None:
+    fn = "candidates"
+    if not isinstance(kernel, str) or not kernel.startswith(
+        ("flash_", "block_sparse_", "decode_")
+    ):
+        raise ValueError(
+            f"{fn}: kernel must name a launch such as 'flash_fwd' or "
+            f"'block_sparse_bwd_dq', got {kernel!r}"
+        )
+    if (
+        not isinstance(capability, tuple)
+        or len(capability) != 2
+        or not all(isinstance(c, int) and not isinstance(c, bool) for c in capability)
+    ):
+        raise ValueError(
+            f"{fn}: capability must be a (major, minor) tuple of ints, "
+            f"got {capability!r}"
+        )
+
+
 def candidates(
     kernel: str,
     capability: tuple[int, int],
@@ -127,6 +156,7 @@ def candidates(
     its table row (shared memory, registers, spill). Empty when nothing fits."""
     from .compile import TARGETS
 
+    _check_candidates(kernel, capability)
     target = _measured_target(capability)
     if target is None:
         return []
@@ -168,7 +198,7 @@ def pick(
     measures the padded head dims, and a head of 96 masked inside a tile of 128 may
     need a few more registers than the table says."""
     if not configs:
-        raise ValueError("pick: no configuration to choose from")
+        raise ValueError("pick: configs is empty: no configuration to choose from")
     if len(configs) == 1:
         return configs[0]
     if key in _CHOSEN:

@@ -21,6 +21,8 @@ def parameters(fn) -> list[tuple[str, bool]]:
     from its Python source, so it works under the interpreter too (which replaces the
     function with one that has no ``params``)."""
     python = getattr(fn, "fn", fn)
+    if not callable(python):
+        raise TypeError(f"parameters: fn must be a @triton.jit function, got {fn!r}")
     return [
         (name, "constexpr" in str(param.annotation))
         for name, param in inspect.signature(python).parameters.items()
@@ -39,6 +41,9 @@ def specialize(
     1; pointers (16-byte aligned allocations) and the other strides (multiples of a
     head dim >= 16) carry ``tt.divisibility`` 16, as Triton marks such arguments.
     """
+    for name, arg in (("types", types), ("constexprs", constexprs)):
+        if not isinstance(arg, dict):
+            raise TypeError(f"specialize: {name} must be a dict, got {arg!r}")
     signature, constants, attrs = {}, dict(constexprs), {}
     for index, (name, is_constexpr) in enumerate(parameters(fn)):
         if is_constexpr:

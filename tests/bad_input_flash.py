@@ -1,0 +1,83 @@
+"""Bad-input rows of attnbook.flash (see tests/test_bad_input.py), from the table of
+tests/test_flash.py."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from test_bad_input import Bad
+
+from attnbook.flash import (
+    block_sparse_flash_attention,
+    flash_attention,
+    flash_attention_varlen,
+    hbm_accesses,
+    key_range,
+    merge_partials,
+    online_softmax,
+    online_softmax_step,
+    select_backend,
+    tiled_attention_backward,
+    tiled_attention_forward,
+)
+
+_G = torch.Generator().manual_seed(0)
+_Q = torch.randn(1, 2, 6, 4, generator=_G)
+_X = torch.randn(3, 10, generator=_G)
+_M, _L = torch.zeros(3), torch.ones(3)
+_OUT, _LSE = tiled_attention_forward(_Q, _Q, _Q)
+_PK = torch.randn(7, 2, 4, generator=_G)
+_CU = torch.tensor([0, 3, 7], dtype=torch.int32)
+_BM = torch.ones(1, 1, dtype=torch.bool)
+
+ROWS = [
+    Bad("online_softmax", "zero", lambda: online_softmax(_X, 0), ("online_softmax", "block_size")),
+    Bad("online_softmax", "non-integer", lambda: online_softmax(_X, 2.5), ("online_softmax", "block_size")),
+    Bad("online_softmax", "boolean", lambda: online_softmax(_X, True), ("online_softmax", "block_size")),
+    Bad("online_softmax", "integer-dtype", lambda: online_softmax(_X.long(), 2), ("online_softmax", "x")),
+    Bad("online_softmax_step", "wrong-shape", lambda: online_softmax_step(_M[:2], _L, _X),
+        ("online_softmax_step", "m")),
+    Bad("merge_partials", "integer-dtype", lambda: merge_partials(_OUT, _LSE.long(), _OUT, _LSE),
+        ("merge_partials", "lse_a")),
+    Bad("merge_partials", "wrong-shape", lambda: merge_partials(_OUT, _LSE, _OUT, _LSE[..., :3]),
+        ("merge_partials", "out_a")),
+    Bad("key_range", "non-integer", lambda: key_range(0, 4.0, 10, 10), ("key_range", "i1")),
+    Bad("key_range", "negative", lambda: key_range(0, 4, -1, 10), ("key_range", "L")),
+    Bad("key_range", "out-of-range", lambda: key_range(0, 4, 10, 10, window_size=(-2, 0)),
+        ("key_range", "window_size")),
+    Bad("tiled_attention_forward", "non-integer", lambda: tiled_attention_forward(_Q, _Q, _Q, block_q=2.5),
+        ("tiled_attention_forward", "block_q")),
+    Bad("tiled_attention_forward", "negative", lambda: tiled_attention_forward(_Q, _Q, _Q, block_k=-1),
+        ("tiled_attention_forward", "block_k")),
+    Bad("tiled_attention_forward", "nan", lambda: tiled_attention_forward(_Q, _Q, _Q, scale=math.nan),
+        ("tiled_attention_forward", "scale")),
+    Bad("tiled_attention_backward", "zero", lambda: tiled_attention_backward(_Q, _Q, _Q, _OUT, _LSE, _OUT, block_q=0),
+        ("tiled_attention_backward", "block_q")),
+    Bad("tiled_attention_backward", "wrong-shape", lambda: tiled_attention_backward(
+        _Q, _Q, _Q, _OUT, _LSE, _OUT[..., :2]), ("tiled_attention_backward", "grad_out")),
+    Bad("flash_attention", "wrong-type", lambda: flash_attention(_Q, _Q, _Q, is_causal="False"),
+        ("flash_attention", "is_causal")),
+    Bad("flash_attention", "nan", lambda: flash_attention(_Q, _Q, _Q, scale=math.inf), ("flash_attention", "scale")),
+    Bad("flash_attention", "integer-dtype", lambda: flash_attention(_Q.long(), _Q.long(), _Q.long()),
+        ("flash_attention", "q")),
+    Bad("flash_attention", "out-of-range", lambda: flash_attention(_Q, _Q, _Q, backend="cuda"),
+        ("flash_attention", "backend")),
+    Bad("flash_attention_varlen", "non-integer", lambda: flash_attention_varlen(_PK, _PK, _PK, _CU, _CU, 4.5, 4),
+        ("flash_attention_varlen", "max_seqlen_q")),
+    Bad("flash_attention_varlen", "negative", lambda: flash_attention_varlen(_PK, _PK, _PK, _CU, _CU, 4, -1),
+        ("flash_attention_varlen", "max_seqlen_k")),
+    Bad("block_sparse_flash_attention", "zero", lambda: block_sparse_flash_attention(_Q, _Q, _Q, _BM, 0),
+        ("block_sparse_flash_attention", "block_size")),
+    Bad("block_sparse_flash_attention", "wrong-shape", lambda: block_sparse_flash_attention(
+        _Q, _Q, _Q, torch.ones(2, 2, dtype=torch.bool), 8), ("block_sparse_flash_attention", "block_mask")),
+    Bad("block_sparse_flash_attention", "wrong-dtype", lambda: block_sparse_flash_attention(
+        _Q, _Q, _Q, torch.ones(1, 1), 8), ("block_sparse_flash_attention", "block_mask")),
+    Bad("select_backend", "out-of-range", lambda: select_backend(_Q, "auto", kernel="decode"),
+        ("select_backend", "kernel")),
+    Bad("select_backend", "integer-dtype", lambda: select_backend(_Q.long(), "torch"), ("select_backend", "q")),
+    Bad("hbm_accesses", "non-integer", lambda: hbm_accesses(1024, 64, 2.5e4), ("hbm_accesses", "sram_bytes")),
+    Bad("hbm_accesses", "zero", lambda: hbm_accesses(0, 64, 2**16), ("hbm_accesses", "seq_len")),
+]
+
+EXEMPT: dict[str, str] = {}
