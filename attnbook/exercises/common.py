@@ -4,6 +4,7 @@ readable message, exact numbers and counts."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import numbers
 import secrets
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from ..utils import largest_new_tensor as _measure_here
 
 __all__ = [
     "call_student",
+    "explain_slips",
     "generator",
     "fresh_inputs",
     "assert_close",
@@ -108,3 +110,22 @@ def call_student(student, what: str, *args, note="", **kwargs):
         raise AssertionError(
             f"{what}: your code raised {type(err).__name__}: {err}.{extra}"
         ) from None
+
+
+def explain_slips(results, cases, formula, groups, notes) -> str:
+    """The note on the fewest slips (two at most) that reproduce the student's
+    ``results`` (None where a case failed) on every case, or ``''``.
+
+    ``formula(case, slips=())`` computes a case with the named slips; ``groups`` holds
+    tuples of slip names that exclude each other; ``notes`` maps each name to its
+    explanation."""
+    right = [formula(case) for case in cases]
+    for n in (1, 2):
+        for chosen in itertools.combinations(groups, n):
+            for slips in itertools.product(*chosen):
+                wrong = [formula(case, slips) for case in cases]
+                if wrong != right and all(
+                    r is None or r == w for r, w in zip(results, wrong)
+                ):
+                    return " " + " ".join(notes[s] for s in slips)
+    return ""

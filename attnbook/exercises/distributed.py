@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..distributed import ring_bytes_per_rank, shard_positions, ulysses_bytes_per_rank
 from . import register
-from .common import assert_int, call_student, generator
+from .common import explain_slips, assert_int, call_student, generator
 
 
 def _pick(gen: torch.Generator, options):
@@ -263,16 +263,7 @@ def _comm_bytes(case: tuple, slips=()) -> int:
 def _comm_slip(results, cases) -> str:
     """The explanation of the fewest slips (two at most) that give the answer's
     ``results`` (None where it failed) on every case, or ''."""
-    right = [_comm_bytes(case) for case in cases]
-    for n in (1, 2):
-        for groups in itertools.combinations(_COMM_GROUPS, n):
-            for slips in itertools.product(*groups):
-                wrong = [_comm_bytes(case, slips) for case in cases]
-                if wrong != right and all(
-                    r is None or r == w for r, w in zip(results, wrong)
-                ):
-                    return " " + " ".join(_COMM_SLIPS[s] for s in slips)
-    return ""
+    return explain_slips(results, cases, _comm_bytes, _COMM_GROUPS, _COMM_SLIPS)
 
 
 def _comm_reference(case: tuple) -> int:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 
 import torch
 
@@ -14,7 +13,7 @@ from ..serving import (
     quantize,
 )
 from . import register
-from .common import call_student, assert_int, generator
+from .common import explain_slips, call_student, assert_int, generator
 
 
 def _pick(gen: torch.Generator, options):
@@ -94,16 +93,7 @@ def _cache_bytes(case: dict, slips=()) -> int:
 def _bytes_slip(results, cases) -> str:
     """The explanation of the fewest slips (two at most) that give the answer's
     ``results`` (None where it crashed or returned no int) on every case, or ''."""
-    right = [_cache_bytes(case) for case in cases]
-    for n in (1, 2):
-        for groups in itertools.combinations(_BYTES_GROUPS, n):
-            for slips in itertools.product(*groups):
-                wrong = [_cache_bytes(case, slips) for case in cases]
-                if wrong != right and all(
-                    r is None or r == w for r, w in zip(results, wrong)
-                ):
-                    return " " + " ".join(_BYTES_SLIPS[s] for s in slips)
-    return ""
+    return explain_slips(results, cases, _cache_bytes, _BYTES_GROUPS, _BYTES_SLIPS)
 
 
 def _bytes_formula(case: dict) -> str:
