@@ -480,7 +480,7 @@ class MultiHeadAttention(nn.Module):
         self.v_proj = nn.Linear(d_model, n_kv_heads * self.head_dim, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
 
-    def _check_inputs(self, x, context, is_causal, return_weights) -> None:
+    def _check_inputs(self, x, context, attn_mask, is_causal, return_weights) -> None:
         fn = "MultiHeadAttention"
         check_flag(fn, "is_causal", is_causal)
         check_flag(fn, "return_weights", return_weights)
@@ -496,6 +496,9 @@ class MultiHeadAttention(nn.Module):
                 f"{fn}: x {tuple(x.shape)} and context {tuple(context.shape)} must "
                 "have the same batch size"
             )
+        if attn_mask is not None:
+            scores = (x.shape[0], self.n_heads, x.shape[1], context.shape[1])
+            check_attn_mask(fn, attn_mask, scores)
 
     def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
         B, T, _ = x.shape
@@ -518,7 +521,7 @@ class MultiHeadAttention(nn.Module):
         n_heads, L, S)``.
         """
         context = x if context is None else context
-        self._check_inputs(x, context, is_causal, return_weights)
+        self._check_inputs(x, context, attn_mask, is_causal, return_weights)
         q = self._split(self.q_proj(x), self.n_heads)
         k = self._split(self.k_proj(context), self.n_kv_heads)
         v = self._split(self.v_proj(context), self.n_kv_heads)

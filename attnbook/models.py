@@ -516,6 +516,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _check_width("RMSNorm.forward", x, self.weight.shape[0], "(..., dim={})")
         eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * self.weight
 
@@ -682,7 +683,8 @@ class _Transformer(nn.Module):
         if positions is None and scheme in ("sinusoidal", "learned"):
             positions = torch.arange(start, start + T, device=x.device)
         if scheme == "sinusoidal":
-            x = x + sinusoidal_encoding(start + T, self.config.d_model).to(x)[positions]
+            pe = sinusoidal_encoding(start + T, self.config.d_model, dtype=x.dtype)
+            x = x + pe.to(x.device)[positions]
         elif scheme == "learned":
             x = x + self.pos_emb(positions)
         if scheme == "t5":

@@ -107,8 +107,10 @@ def _check_positions(fn: str, positions, like: torch.Size | None = None) -> None
 # --------------------------------------------------------------------------------------
 # Absolute encodings, added to the token embeddings
 # --------------------------------------------------------------------------------------
-def _check_sinusoidal(n_positions, dim, base) -> tuple[int, int, float]:
+def _check_sinusoidal(n_positions, dim, base, dtype) -> tuple[int, int, float]:
     fn = "sinusoidal_encoding"
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{fn}: dtype must be a floating torch.dtype, got {dtype!r}")
     n_positions = _check_int(fn, "n_positions", n_positions, 0)
     if _check_int(fn, "dim", dim) % 2:
         raise ValueError(
@@ -118,7 +120,7 @@ def _check_sinusoidal(n_positions, dim, base) -> tuple[int, int, float]:
 
 
 def sinusoidal_encoding(
-    n_positions: int, dim: int, base: float = 10000.0
+    n_positions: int, dim: int, base: float = 10000.0, *, dtype=torch.float32
 ) -> torch.Tensor:
     r"""The Transformer's fixed encoding, shape ``(n_positions, dim)``.
 
@@ -129,15 +131,16 @@ def sinusoidal_encoding(
 
     Wavelengths grow geometrically from ``2 pi`` to ``2 pi * base``. For each frequency
     the pair ``(sin, cos)`` at position ``i + k`` is a rotation of the pair at ``i`` by
-    the angle ``omega_f k``, a linear map that depends on ``k`` only.
+    the angle ``omega_f k``, a linear map that depends on ``k`` only. Computed in
+    float64 and returned in ``dtype``.
     """
-    n_positions, dim, base = _check_sinusoidal(n_positions, dim, base)
+    n_positions, dim, base = _check_sinusoidal(n_positions, dim, base, dtype)
     position = torch.arange(n_positions, dtype=torch.float64)[:, None]
     omega = base ** (-torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (dim/2,)
     pe = torch.empty(n_positions, dim, dtype=torch.float64)
     pe[:, 0::2] = torch.sin(position * omega)
     pe[:, 1::2] = torch.cos(position * omega)
-    return pe.float()
+    return pe.to(dtype)
 
 
 class LearnedPositionalEmbedding(nn.Module):
@@ -364,8 +367,12 @@ def multiplicative_scores(
     return (q @ k.transpose(-2, -1)) * rel[distance]
 
 
-def _check_disentangled(q, k, q_pos, k_pos, max_distance) -> int:
+def _check_disentangled(q, k, q_pos, k_pos, max_distance, convention) -> int:
     fn = "disentangled_scores"
+    if convention not in ("released", "paper"):
+        raise ValueError(
+            f"{fn}: convention must be 'released' or 'paper', got {convention!r}"
+        )
     _check_qk(fn, q, k)
     n, d = q.shape[-2], q.shape[-1]
     if k.shape[-2] != n:
@@ -385,6 +392,8 @@ def disentangled_scores(
     q_pos: torch.Tensor,
     k_pos: torch.Tensor,
     max_distance: int,
+    *,
+    convention: str = "released",
 ) -> torch.Tensor:
     r"""DeBERTa's disentangled attention logits (He et al., 2021), unscaled.
 
@@ -405,16 +414,24 @@ def disentangled_scores(
     d)`` (``k = max_distance >= 1``). DeBERTa's offset is ``i - j`` (query minus key),
     the opposite sign to Shaw's. It divides the sum by ``sqrt(3 d)`` before the
     softmax.
+
+    ``convention`` says which row the position-to-content term reads. ``"paper"``: the
+    formula above, ``q^r_{delta(j, i)}``. ``"released"`` (the default): the released
+    DeBERTa code, and Hugging Face's port that loads its checkpoints, index it with
+    ``delta(i, j)``, the same row as the content-to-position term, so a table trained
+    there must be read that way. For ``|i - j| < k`` the two rows mirror each other
+    (``delta(j, i) = 2k - delta(i, j)``).
     """
-    max_distance = _check_disentangled(q, k, q_pos, k_pos, max_distance)
+    max_distance = _check_disentangled(q, k, q_pos, k_pos, max_distance, convention)
     n = q.shape[-2]
     q_pos, k_pos = q_pos.to(q.dtype), k_pos.to(q.dtype)
     i_minus_j = -relative_positions(n, n, device=q.device)
     delta_ij = i_minus_j.clamp(-max_distance, max_distance - 1) + max_distance
     content = q @ k.transpose(-2, -1)
     c2p = torch.einsum("...id,ijd->...ij", q, k_pos[delta_ij])
-    # delta(j, i) at entry (i, j)
-    p2c = torch.einsum("...jd,ijd->...ij", k, q_pos[delta_ij.T])
+    # the paper: delta(j, i) at entry (i, j); the released code: delta(i, j)
+    delta_p2c = delta_ij.T if convention == "paper" else delta_ij
+    p2c = torch.einsum("...jd,ijd->...ij", k, q_pos[delta_p2c])
     return content + c2p + p2c
 
 
@@ -1064,6 +1081,19 @@ def principal_components(
     return x @ basis, basis, sv[:k] ** 2 / (sv**2).sum()
 
 
+def _check_subspaces(fn: str, a, b, k) -> None:
+    """Two real matrices of rows of one width, each with a top-``k`` subspace."""
+    _check_matrix(fn, "a", a)
+    _check_matrix(fn, "b", b, a.shape[1])
+    k = _check_int(fn, "k", k)
+    rank = min(a.shape[0] - 1, b.shape[0] - 1, a.shape[1])
+    if not 1 <= k <= rank:
+        raise ValueError(
+            f"{fn}: k must lie in [1, {rank}] for a {tuple(a.shape)} and b "
+            f"{tuple(b.shape)} (centred rows), got {k}"
+        )
+
+
 def principal_angles(a: torch.Tensor, b: torch.Tensor, k: int) -> torch.Tensor:
     """Principal angles (radians, ascending) between the top-``k`` principal
     subspaces of the rows of ``a`` ``(n_a, D)`` and of ``b`` ``(n_b, D)``.
@@ -1072,8 +1102,7 @@ def principal_angles(a: torch.Tensor, b: torch.Tensor, k: int) -> torch.Tensor:
     orthonormal bases of :func:`principal_components`: 0 for a shared direction,
     ``pi/2`` for orthogonal ones.
     """
-    _check_matrix("principal_angles", "a", a)
-    _check_matrix("principal_angles", "b", b, a.shape[1])
+    _check_subspaces("principal_angles", a, b, k)
     _, u_a, _ = principal_components(a, k)
     _, u_b, _ = principal_components(b, k)
     cosines = torch.linalg.svdvals(u_a.T @ u_b).clamp(0.0, 1.0)
@@ -1087,6 +1116,7 @@ def subspace_overlap(a: torch.Tensor, b: torch.Tensor, k: int) -> float:
     1 when the two top-``k`` subspaces coincide, 0 when they are orthogonal; two
     random ``k``-dimensional subspaces of ``R^D`` give ``k / D`` on average.
     """
+    _check_subspaces("subspace_overlap", a, b, k)
     return float((torch.cos(principal_angles(a, b, k)) ** 2).mean())
 
 

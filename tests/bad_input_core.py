@@ -117,6 +117,10 @@ ROWS = [
         ("MultiHeadAttention", "x")),
     Bad("MultiHeadAttention", "integer-dtype", lambda: MultiHeadAttention(8, 2)(torch.ones(2, 5, 8, dtype=torch.long)),
         ("MultiHeadAttention", "x")),
+    Bad("MultiHeadAttention", "wrong-shape", lambda: MultiHeadAttention(8, 2)(
+        torch.ones(2, 5, 8), attn_mask=torch.ones(3, 3, dtype=torch.bool)), ("MultiHeadAttention", "attn_mask", "(3, 3)")),
+    Bad("MultiHeadAttention", "integer-dtype", lambda: MultiHeadAttention(8, 2)(
+        torch.ones(2, 5, 8), attn_mask=torch.ones(5, 5, dtype=torch.long)), ("MultiHeadAttention", "attn_mask")),
     Bad("MultiHeadAttention", "wrong-type", lambda: MultiHeadAttention(8, 2)(torch.ones(2, 5, 8), is_causal="yes"),
         ("MultiHeadAttention", "is_causal")),
 ]

@@ -67,6 +67,8 @@ ROWS = [
         ("MultiHeadLatentAttention.forward", "x")),
     Bad("LatentAttention", "integer-dtype", lambda: M.LatentAttention(_MLA, is_causal=True)(_X.long()),
         ("MultiHeadLatentAttention.forward", "x")),
+    Bad("RMSNorm", "wrong-shape", lambda: M.RMSNorm(16)(_X[..., :7]), ("RMSNorm.forward", "x", "dim=16")),
+    Bad("RMSNorm", "integer-dtype", lambda: M.RMSNorm(16)(_X.long()), ("RMSNorm.forward", "x")),
     Bad("MLP", "wrong-type", lambda: M.MLP("gelu"), ("MLP", "config")),
     Bad("MLP", "wrong-shape", lambda: M.MLP(_CFG)(_X[..., :7]), ("MLP.forward", "x", "d_model=16")),
     Bad("MLP", "integer-dtype", lambda: M.MLP(_CFG)(_X.long()), ("MLP.forward", "x")),

@@ -41,6 +41,8 @@ _W = [torch.zeros(8, 2)] * 4
 ROWS = [
     Bad("sinusoidal_encoding", "non-integer", lambda: sinusoidal_encoding(3.5, 8), ("sinusoidal_encoding", "n_positions")),
     Bad("sinusoidal_encoding", "negative", lambda: sinusoidal_encoding(-1, 8), ("sinusoidal_encoding", "n_positions")),
+    Bad("sinusoidal_encoding", "wrong-dtype", lambda: sinusoidal_encoding(4, 8, dtype=torch.long),
+        ("sinusoidal_encoding", "dtype")),
     Bad("sinusoidal_encoding", "nan", lambda: sinusoidal_encoding(4, 8, base=math.nan), ("sinusoidal_encoding", "base")),
     Bad("LearnedPositionalEmbedding", "zero", lambda: LearnedPositionalEmbedding(0, 4),
         ("LearnedPositionalEmbedding", "max_len")),
@@ -66,6 +68,8 @@ ROWS = [
         ("multiplicative_scores", "k")),
     Bad("disentangled_scores", "non-integer", lambda: disentangled_scores(
         _Q, _Q, torch.zeros(2, 8), torch.zeros(2, 8), 1.0), ("disentangled_scores", "max_distance")),
+    Bad("disentangled_scores", "out-of-range", lambda: disentangled_scores(
+        _Q, _Q, torch.zeros(2, 8), torch.zeros(2, 8), 1, convention="hf"), ("disentangled_scores", "convention")),
     Bad("transformer_xl_relative_embeddings", "non-integer", lambda: transformer_xl_relative_embeddings(2.5, 8),
         ("transformer_xl_relative_embeddings", "n")),
     Bad("transformer_xl_relative_embeddings", "out-of-range", lambda: transformer_xl_relative_embeddings(10, 7),
@@ -101,7 +105,9 @@ ROWS = [
     Bad("principal_components", "out-of-range", lambda: principal_components(_Q, 4), ("principal_components", "k")),
     Bad("principal_components", "non-integer", lambda: principal_components(_Q, 1.5), ("principal_components", "k")),
     Bad("principal_angles", "wrong-shape", lambda: principal_angles(_Q, torch.randn(4, 5), 1), ("principal_angles", "b")),
-    Bad("subspace_overlap", "wrong-shape", lambda: subspace_overlap(_Q, torch.randn(4, 5), 1), ("principal_angles", "b")),
+    Bad("subspace_overlap", "wrong-shape", lambda: subspace_overlap(_Q, torch.randn(4, 5), 1), ("subspace_overlap", "b")),
+    Bad("subspace_overlap", "out-of-range", lambda: subspace_overlap(_Q, _Q, 99), ("subspace_overlap", "k")),
+    Bad("principal_angles", "zero", lambda: principal_angles(_Q, _Q, 0), ("principal_angles", "k")),
     Bad("variance_in_subspace", "wrong-shape", lambda: variance_in_subspace(_Q[:, :3], _Q, 1),
         ("variance_in_subspace", "x")),
 ]

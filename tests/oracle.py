@@ -196,6 +196,16 @@ def deberta_delta(i: int, j: int, k: int) -> int:
     return i - j + k
 
 
+def deberta_p2c_row(i: int, j: int, k: int, convention: str) -> int:
+    """The table row DeBERTa's position-to-content term reads for query ``i``, key ``j``: the
+    paper writes delta(j, i); the released code (and Hugging Face's port) gathers
+    ``clamp(-(j - i) + k, 0, 2k - 1)`` on the key's row and transposes, which is delta(i, j)."""
+    if convention == "paper":
+        return deberta_delta(j, i, k)
+    relative = j - i  # build_relative_position on the key's row a = j, column b = i
+    return max(0, min(2 * k - 1, -relative + k))
+
+
 # ==================================================================================================
 # Rotary embeddings (Su et al.), with position interpolation, NTK-aware scaling and YaRN
 # ==================================================================================================

@@ -1109,15 +1109,17 @@ def test_disentangled_scores(data):
     """DeBERTa: content-to-content + q_i . k_pos[delta(i, j)] + k_j . q_pos[delta(j, i)]."""
     gen = generator(data)
     n, d, kk = data.draw(st.integers(0, 6)), data.draw(st.integers(1, 4)), data.draw(st.integers(1, 4))
+    convention = data.draw(st.sampled_from(["released", "paper"]))
     lead = tuple(data.draw(st.lists(st.integers(1, 2), max_size=2)))
     q, k = (torch.randn(*lead, n, d, generator=gen, dtype=torch.float64) for _ in range(2))
     q_pos, k_pos = (torch.randn(2 * kk, d, generator=gen, dtype=torch.float64) for _ in range(2))
     flat_q, flat_k = q.reshape(math.prod(lead), n, d), k.reshape(math.prod(lead), n, d)
     want = torch.tensor([[[float(flat_q[b, i] @ flat_k[b, j] + flat_q[b, i] @ k_pos[oracle.deberta_delta(i, j, kk)]
-                                 + flat_k[b, j] @ q_pos[oracle.deberta_delta(j, i, kk)])
+                                 + flat_k[b, j] @ q_pos[oracle.deberta_p2c_row(i, j, kk, convention)])
                            for j in range(n)] for i in range(n)] for b in range(flat_q.shape[0])],
                         dtype=torch.float64).reshape(*lead, n, n)
-    assert_close(positional.disentangled_scores(q, k, q_pos, k_pos, kk), want, F64_TOL, "disentangled_scores")
+    got = positional.disentangled_scores(q, k, q_pos, k_pos, kk, convention=convention)
+    assert_close(got, want, F64_TOL, f"disentangled_scores({convention})")
 
 
 @examples(6)

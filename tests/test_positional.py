@@ -49,6 +49,24 @@ def test_sinusoidal_matches_formula():
             assert pe[i, 2 * f + 1].item() == pytest.approx(math.cos(i * omega), abs=1e-6)
 
 
+def test_sinusoidal_in_float64_keeps_float64_precision():
+    """dtype=torch.float64 is not a float32 table cast up: it matches math.sin to 1e-12, and a
+    float64 sinusoidal TinyGPT adds that table, not a rounded one."""
+    n, dim = 4000, 8
+    pe = sinusoidal_encoding(n, dim, dtype=torch.float64)
+    assert pe.dtype == torch.float64
+    omega = 10000.0 ** (-2 / dim)
+    assert abs(pe[n - 1, 2].item() - math.sin((n - 1) * omega)) < 1e-12
+    assert (pe - sinusoidal_encoding(n, dim).double()).abs().max() > 1e-9  # float32 would round
+    from attnbook.models import TinyGPT, TransformerConfig
+
+    cfg = TransformerConfig(vocab_size=7, d_model=8, n_heads=2, n_layers=1, positional="sinusoidal", max_len=64)
+    model = TinyGPT(cfg).double().eval()
+    idx = torch.tensor([[1, 2, 3, 4]])
+    tokens = model.tok_emb(idx)
+    embedded, _ = model._positions(tokens, 0)
+    torch.testing.assert_close(embedded - tokens, pe[:4].unsqueeze(0), rtol=0, atol=1e-15)
+
 def test_sinusoidal_shift_is_a_linear_map_depending_only_on_the_offset():
     """Vaswani et al. (2017): rotating the (sin, cos) pair at i by omega*k gives the pair at i + k."""
     dim, k = 8, 5
@@ -169,16 +187,54 @@ def deberta_delta(i, j, k):
 
 @pytest.mark.parametrize("n,kmax", [(7, 2), (5, 1), (4, 6)])
 def test_disentangled_scores_match_deberta_loop(n, kmax):
-    """c2c + Q^c_i . K^r_{delta(i,j)} + K^c_j . Q^r_{delta(j,i)}, with the paper's 2k-valued delta."""
+    """The paper's formula: c2c + Q^c_i . K^r_{delta(i,j)} + K^c_j . Q^r_{delta(j,i)}, with its
+    2k-valued delta."""
     g = gen(5)
     d = 4
     q, k = torch.randn(n, d, generator=g, dtype=torch.float64), torch.randn(n, d, generator=g, dtype=torch.float64)
     q_pos, k_pos = torch.randn(2 * kmax, d, generator=g, dtype=torch.float64), torch.randn(2 * kmax, d, generator=g, dtype=torch.float64)
-    got = disentangled_scores(q, k, q_pos, k_pos, kmax)
+    got = disentangled_scores(q, k, q_pos, k_pos, kmax, convention="paper")
     for i in range(n):
         for j in range(n):
             expected = q[i] @ k[j] + q[i] @ k_pos[deberta_delta(i, j, kmax)] + k[j] @ q_pos[deberta_delta(j, i, kmax)]
             assert got[i, j].item() == pytest.approx(expected.item(), rel=1e-9)
+
+
+def _released_deberta_scores(q, k, q_pos, k_pos, span):
+    """The released DeBERTa code's disentangled_att_bias (as Hugging Face's port, which loads
+    the checkpoints, writes it), transcribed step by step without the scale: relative
+    positions ``q_id - k_id``, c2p gathered at clamp(r + span), p2c computed on the key's row,
+    gathered at clamp(-r + span) and transposed."""
+    n = q.shape[-2]
+    ids = torch.arange(n)
+    relative_pos = ids[:, None] - ids[None, :]
+    c2p_att = q @ k_pos.T  # (n, 2 span)
+    c2p_pos = torch.clamp(relative_pos + span, 0, 2 * span - 1)
+    c2p = torch.gather(c2p_att, -1, c2p_pos)
+    p2c_att = k @ q_pos.T  # (n keys, 2 span)
+    p2c_pos = torch.clamp(-relative_pos + span, 0, 2 * span - 1)
+    p2c = torch.gather(p2c_att, -1, p2c_pos).T
+    return q @ k.T + c2p + p2c
+
+
+@pytest.mark.parametrize("n,kmax", [(7, 2), (5, 1), (4, 6), (9, 3)])
+def test_disentangled_scores_default_is_the_released_code(n, kmax):
+    """The default reads the position-to-content term at delta(i, j), as the released code
+    does, and differs from the paper's delta(j, i) wherever the mirrored rows differ."""
+    g = gen(6)
+    d = 4
+    q, k, = (torch.randn(n, d, generator=g, dtype=torch.float64) for _ in range(2))
+    q_pos, k_pos = (torch.randn(2 * kmax, d, generator=g, dtype=torch.float64) for _ in range(2))
+    released = disentangled_scores(q, k, q_pos, k_pos, kmax)
+    torch.testing.assert_close(released, _released_deberta_scores(q, k, q_pos, k_pos, kmax), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(released, disentangled_scores(q, k, q_pos, k_pos, kmax, convention="released"))
+    paper = disentangled_scores(q, k, q_pos, k_pos, kmax, convention="paper")
+    assert (released - paper).abs().max() > 0.1
+    # they agree on the diagonal (delta(i, i) = k either way) and differ only in the p2c term
+    torch.testing.assert_close(torch.diagonal(released), torch.diagonal(paper), rtol=1e-12, atol=1e-12)
+    p2c_paper = torch.stack([torch.stack([k[j] @ q_pos[deberta_delta(j, i, kmax)] for j in range(n)]) for i in range(n)])
+    p2c_released = torch.stack([torch.stack([k[j] @ q_pos[deberta_delta(i, j, kmax)] for j in range(n)]) for i in range(n)])
+    torch.testing.assert_close(released - paper, p2c_released - p2c_paper, rtol=1e-10, atol=1e-10)
 
 
 def test_deberta_delta_takes_2k_values_and_tables_have_2k_rows():
@@ -190,14 +246,15 @@ def test_deberta_delta_takes_2k_values_and_tables_have_2k_rows():
         disentangled_scores(q, q, torch.zeros(0, 4), torch.zeros(0, 4), 0)
 
 
-def test_disentangled_position_terms_depend_only_on_relative_distance():
+@pytest.mark.parametrize("convention", ["released", "paper"])
+def test_disentangled_position_terms_depend_only_on_relative_distance(convention):
     """Shift test: the same content placed t positions later gives the same scores among those tokens."""
     g = gen(12)
     n, t, d, kmax = 6, 4, 8, 3
     q, k = torch.randn(n + t, d, generator=g, dtype=torch.float64), torch.randn(n + t, d, generator=g, dtype=torch.float64)
     q_pos, k_pos = torch.randn(2 * kmax, d, generator=g, dtype=torch.float64), torch.randn(2 * kmax, d, generator=g, dtype=torch.float64)
-    early = disentangled_scores(q[t:], k[t:], q_pos, k_pos, kmax)  # tokens at positions 0..n-1
-    late = disentangled_scores(q, k, q_pos, k_pos, kmax)[t:, t:]  # the same tokens at positions t..t+n-1
+    early = disentangled_scores(q[t:], k[t:], q_pos, k_pos, kmax, convention=convention)  # positions 0..n-1
+    late = disentangled_scores(q, k, q_pos, k_pos, kmax, convention=convention)[t:, t:]  # positions t..t+n-1
     torch.testing.assert_close(early, late)
 
 
@@ -854,7 +911,7 @@ def _bad_positional_calls():
         (lambda: principal_components(q, 1.5), TypeError, r"principal_components: k must be an integer"),
         (lambda: principal_components(q[None], 1), ValueError, r"principal_components: x must be a \(n, D\) matrix"),
         (lambda: principal_angles(q, torch.randn(4, 5), 1), ValueError, r"principal_angles: b must be a \(n, 8\) matrix"),
-        (lambda: subspace_overlap(q, torch.randn(4, 5), 1), ValueError, r"principal_angles: b"),
+        (lambda: subspace_overlap(q, torch.randn(4, 5), 1), ValueError, r"subspace_overlap: b must be a \(n, 8\) matrix"),
         (lambda: variance_in_subspace(torch.ones(4, 8), q, 1), ValueError, r"variance_in_subspace: the rows of x .* do not vary"),
         (lambda: variance_in_subspace(q[:, :3], q, 1), ValueError, r"variance_in_subspace: x must be a \(n, 8\) matrix"),
     ]
