@@ -1,11 +1,13 @@
-"""Every ``# NBVAL_CHECK_OUTPUT`` cell prints what it printed when its numbers were written
-into the chapter's prose.
+"""Every chapter ran top to bottom in the book build, and every ``# NBVAL_CHECK_OUTPUT`` cell
+prints what it printed when its numbers were written into the chapter's prose.
 
-The chapters are committed without outputs, so nbval executes them (catching any crash) but
-has no reference to compare a checked cell with. The references live in
-``tests/checked_outputs.json``, written by ``tools/record_outputs.py``; this test compares
-them with the chapters as ``make book`` executed them (``_build/jupyter_execute``). A new
-checked cell without a reference fails too, so no check is silently empty.
+The chapters are committed without outputs and ``make book`` executes each one once. Its
+execution cache (``_build/.jupyter_cache``) keeps a run only if it finished without an error,
+keyed by the chapter's code, so a chapter whose current code has a cached run is proven to
+run; a second execution (nbval) would prove nothing more and cost minutes of CI. The
+references of checked cells live in ``tests/checked_outputs.json``, written by
+``tools/record_outputs.py``. A new checked cell without a reference fails too, so no check is
+silently empty.
 """
 
 from __future__ import annotations
@@ -26,13 +28,32 @@ record_outputs = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(record_outputs)
 
 
+def _executed(chapter: Path) -> dict:
+    ran = record_outputs.executed_notebook(chapter)
+    if ran is None:
+        pytest.fail(f"{chapter.name}: the book build has no successful run of its current code "
+                    "(it failed, or the book was not built since it changed): run `make book`")
+    return ran
+
+
+@pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
+def test_every_chapter_ran_top_to_bottom_without_an_error(chapter):
+    ran = _executed(chapter)
+    code = [c for c in ran["cells"] if c["cell_type"] == "code" and "".join(c["source"]).strip()]
+    assert code, f"{chapter.name} has no code"
+    not_run = [c["id"] for c in code if c.get("execution_count") is None]
+    assert not not_run, f"{chapter.name}: cells {not_run} never ran"
+    errors = [(c["id"], o.get("ename")) for c in code for o in c.get("outputs", [])
+              if o["output_type"] == "error"]
+    assert not errors, f"{chapter.name}: cells raised {errors}"
+    counts = [c["execution_count"] for c in code]
+    assert counts == sorted(counts), f"{chapter.name} did not run top to bottom: {counts}"
+
+
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
 def test_checked_cells_print_their_recorded_output(chapter):
-    executed = record_outputs.EXECUTED / chapter.name
-    if not executed.exists():
-        pytest.fail(f"{executed} is missing: run `make book` first (make test does it)")
     wanted = record_outputs.checked_cells(json.loads(chapter.read_text()))
-    ran = record_outputs.checked_cells(json.loads(executed.read_text()))
+    ran = record_outputs.checked_cells(_executed(chapter))
     assert wanted, f"{chapter.name} has no checked cell: its printed numbers are unguarded"
     reference = REFERENCE.get(chapter.stem, {})
     missing = sorted(set(wanted) - set(reference))

@@ -1,14 +1,18 @@
 """Record the printed output of every checked cell, the reference that CI compares with.
 
-Chapters are committed without outputs, so nbval has nothing to compare a
-``# NBVAL_CHECK_OUTPUT`` cell with. Instead, the text such a cell prints is kept in
-``tests/checked_outputs.json`` (chapter -> cell id -> text), and
-``tests/test_outputs.py`` compares it with the chapter as the book build executed it
-(``_build/jupyter_execute``). After changing what a checked cell prints on purpose::
+Chapters are committed without outputs. The book build executes each one once and keeps
+the result in its execution cache (``_build/.jupyter_cache``), keyed by the chapter's
+code: a chapter whose current code has a cached result ran top to bottom without an error
+(the build does not cache a failed run). ``tests/test_outputs.py`` reads that result to
+check that every chapter ran and that every ``# NBVAL_CHECK_OUTPUT`` cell printed what it
+printed when its numbers were written into the prose; the text is kept in
+``tests/checked_outputs.json`` (chapter -> cell id -> text). After changing what a checked
+cell prints on purpose::
 
     make book && .venv/bin/python tools/record_outputs.py [EXECUTED_DIR]
 
-(``EXECUTED_DIR`` defaults to ``_build/jupyter_execute/book``), then read the diff of ``tests/checked_outputs.json`` before committing it.
+then read the diff of ``tests/checked_outputs.json`` before committing it.
+``EXECUTED_DIR``, a folder of executed notebooks, replaces the cache when given.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-EXECUTED = ROOT / "_build" / "jupyter_execute" / "book"
+CACHE = ROOT / "_build" / ".jupyter_cache"
 REFERENCE = ROOT / "tests" / "checked_outputs.json"
 MARKER = "# NBVAL_CHECK_OUTPUT"
 
@@ -50,21 +54,42 @@ def printed_text(cell: dict) -> str:
     return "\n".join(line.rstrip() for line in text.splitlines())
 
 
-def record(book: Path = ROOT / "book", executed: Path = EXECUTED) -> dict:
+def executed_notebook(chapter: Path, cache: Path = CACHE) -> dict | None:
+    """The book build's successful execution of ``chapter`` as it is now (a notebook
+    dict), or ``None`` when its current code has none: never built, changed since, or
+    failed."""
+    import nbformat
+    from jupyter_cache import get_cache
+
+    if not (cache / "global.db").exists():
+        return None
+    store = get_cache(cache)
+    try:
+        record = store.match_cache_notebook(nbformat.read(chapter, as_version=4))
+    except KeyError:
+        return None
+    return json.loads(nbformat.writes(store.get_cache_bundle(record.pk).nb))
+
+
+def record(book: Path = ROOT / "book", executed: Path | None = None) -> dict:
     reference = {}
     for path in sorted(book.glob("*.ipynb")):
-        ran = executed / path.name
-        if not ran.exists():
-            raise SystemExit(f"{ran} is missing: run `make book` first")
+        if executed is None:
+            ran = executed_notebook(path)
+            if ran is None:
+                raise SystemExit(f"{path.name} has no successful run: `make book` first")
+        else:
+            if not (executed / path.name).exists():
+                raise SystemExit(f"{executed / path.name} is missing")
+            ran = json.loads((executed / path.name).read_text())
         wanted = checked_cells(json.loads(path.read_text()))
-        done = checked_cells(json.loads(ran.read_text()))
+        done = checked_cells(ran)
         reference[path.stem] = {cid: printed_text(done[cid]) for cid in wanted}
     return reference
 
 
 def main(argv: list[str]) -> int:
-    executed = Path(argv[0]) if argv else EXECUTED
-    reference = record(executed=executed)
+    reference = record(executed=Path(argv[0]) if argv else None)
     empty = [
         f"{ch}/{cid}"
         for ch, cells in reference.items()
