@@ -14,7 +14,7 @@ TORCH_INDEX   ?=
 export OMP_NUM_THREADS ?= 1
 JOBS   ?= 2
 
-.PHONY: help install book test test-fast student clean release
+.PHONY: help install book test test-fast student clean release links pdf
 
 help:
 	@echo "make book   build the website into _build/html (creates $(VENV), executes every chapter)"
@@ -22,6 +22,8 @@ help:
 	@echo "make test-fast   package tests only (no notebooks, no browser)"
 	@echo "make student     write the student bundle (solutions stripped) into student/"
 	@echo "make release VERSION=X.Y.Z   set the version and pin every install cell (maintainers)"
+	@echo "make links       point every link at _config.yml's repository.url (a fork runs this once)"
+	@echo "make pdf         the whole book as one PDF: _build/pdf/attention-book.pdf"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +39,11 @@ book: $(STAMP)
 	$(BIN)/jupyter-book build . --builder html -W -n --keep-going
 	@echo
 	@echo "The book is built: open file://$(CURDIR)/_build/html/index.html"
+
+# The whole book as one PDF, printed by headless Chromium from the website (tools/pdf.py says how):
+# figures, formulas, code, exercises and bibliography, with bookmarks and page numbers.
+pdf: book
+	$(BIN)/python tools/pdf.py
 
 test: book
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile tests
@@ -55,3 +62,8 @@ clean:
 release: $(STAMP)
 	@test -n "$(VERSION)" || (echo "usage: make release VERSION=X.Y.Z" && exit 2)
 	$(BIN)/python tools/release.py $(VERSION)
+
+# A fork: set repository.url in _config.yml, then point the install cells, the project URL and
+# the clone commands at it.
+links: $(STAMP)
+	$(BIN)/python tools/release.py --links

@@ -191,6 +191,7 @@ def _copy_for_release(tmp_path):
     (tmp_path / "attnbook").mkdir()
     shutil.copy(ROOT / "attnbook" / "__init__.py", tmp_path / "attnbook" / "__init__.py")
     shutil.copy(ROOT / "CHANGELOG.md", tmp_path / "CHANGELOG.md")
+    shutil.copy(ROOT / "_config.yml", tmp_path / "_config.yml")
     return tmp_path
 
 
@@ -213,6 +214,39 @@ def test_release_script_pins_every_install_cell_and_the_version(tmp_path):
         original = json.loads((ROOT / "book" / path.name).read_text())
         assert [c["source"] for c in nb["cells"][2:]] == [c["source"] for c in original["cells"][2:]], path.name
     assert release.release("9.8.7", root) == [], "a second run changes nothing"
+
+
+def test_every_link_follows_the_one_repository_setting(tmp_path):
+    """A fork changes repository.url in _config.yml and runs `make links`: every install cell, the
+    project URL and the clone commands follow; on this repository everything already agrees."""
+    import shutil
+
+    release = _release_module()
+    root = _copy_for_release(tmp_path)
+    for name in release.LINKED + ["pyproject.toml"]:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, root / name)
+    assert release.point_links(root) == [], "a link disagrees with _config.yml: run `make links`"
+    config = root / "_config.yml"
+    config.write_text(config.read_text().replace(CONFIG["repository"]["url"], "https://github.com/someone/fork"))
+    changed = {p.relative_to(root).as_posix() for p in release.point_links(root)}
+    assert changed == {f"book/{p.name}" for p in NOTEBOOKS} | {"intro.md", "pyproject.toml", "book/course.md"}
+    everything = "".join((root / name).read_text() for name in changed)
+    assert CONFIG["repository"]["url"] not in everything
+    assert everything.count("someone/fork") >= len(NOTEBOOKS) + 3
+    for path in NOTEBOOKS:
+        first = "".join(next(c for c in json.loads((root / "book" / path.name).read_text())["cells"]
+                             if c["cell_type"] == "code")["source"])
+        assert release.install_url(first) == f"git+https://github.com/someone/fork@v{attnbook.__version__}"
+
+
+def test_release_notes_are_the_changelog_section():
+    release = _release_module()
+    text = release.notes(attnbook.__version__)
+    assert text and "## [" not in text
+    assert text in (ROOT / "CHANGELOG.md").read_text()
+    with pytest.raises(ValueError, match="no '## \\[0.0.0\\]' section"):
+        release.notes("0.0.0")
 
 
 def test_tracked_files_exclude_build_outputs():
