@@ -96,8 +96,10 @@ def padded_head_dim(head_dim: int) -> int:
 def _table() -> dict[tuple, dict]:
     """The compiled table by (kernel, capability, dtype, padded head dim, config)."""
     path = Path(__file__).with_name("compiled.json")
-    if not path.exists():  # pragma: no cover - the table ships with the package
-        return {}
+    if not path.exists():  # a broken install: the table ships inside the wheel
+        raise FileNotFoundError(
+            f"{path} is missing: reinstall attnbook (its wheel ships the compiled table)"
+        )
     rows = json.loads(path.read_text())["kernels"]
     return {
         (
