@@ -230,7 +230,7 @@ def test_every_link_follows_the_one_repository_setting(tmp_path):
     config = root / "_config.yml"
     config.write_text(config.read_text().replace(CONFIG["repository"]["url"], "https://github.com/someone/fork"))
     changed = {p.relative_to(root).as_posix() for p in release.point_links(root)}
-    assert changed == {f"book/{p.name}" for p in NOTEBOOKS} | {"intro.md", "pyproject.toml", "book/course.md"}
+    assert changed == {f"book/{p.name}" for p in NOTEBOOKS} | {"intro.md", "pyproject.toml", "book/course.md", "README.md"}
     everything = "".join((root / name).read_text() for name in changed)
     assert CONFIG["repository"]["url"] not in everything
     assert everything.count("someone/fork") >= len(NOTEBOOKS) + 3
