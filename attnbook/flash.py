@@ -16,10 +16,11 @@ S`` score matrix never exists in memory. Three ideas, one function each:
   CUDA and the PyTorch tiles elsewhere.
 
 :func:`hbm_accesses` counts the slow-memory traffic of standard attention and of
-FlashAttention, the quantity FlashAttention minimizes. Conventions: tensors ``(batch,
-heads, seq, head_dim)``; causal masks are bottom-right aligned (query ``i`` sees keys
-``j <= i + S - L``), as in :func:`attnbook.core.causal_mask`; a query that sees no key
-returns zeros and ``lse = -inf``.
+FlashAttention, the quantity FlashAttention minimizes; :func:`plan_tiles` sizes the
+PyTorch tiles for the CPU's caches, the CPU's counterpart of that SRAM. Conventions:
+tensors ``(batch, heads, seq, head_dim)``; causal masks are bottom-right aligned (query
+``i`` sees keys ``j <= i + S - L``), as in :func:`attnbook.core.causal_mask`; a query
+that sees no key returns zeros and ``lse = -inf``.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ from .contract import (
     check_float,
     check_qkv,
     default_scale,
-    expand_kv_heads,
 )
 
 __all__ = [
@@ -49,6 +49,7 @@ __all__ = [
     "tiled_attention_forward",
     "tiled_attention_backward",
     "key_range",
+    "plan_tiles",
     "flash_attention",
     "flash_attention_varlen",
     "block_sparse_flash_attention",
@@ -154,17 +155,39 @@ def online_softmax_step(
     """
     _check_step("online_softmax_step", m, l, scores, acc, values)
     dtype = _accumulation_dtype(m, l, scores, acc, values)
-    m, l, scores = m.to(dtype), l.to(dtype), scores.to(dtype)
-    acc = None if acc is None else acc.to(dtype)
+    m, l, scores = m.to(dtype), l.to(dtype).clone(), scores.to(dtype).clone()
+    acc = None if acc is None else acc.to(dtype).clone()
+    values = None if values is None else values.to(dtype)
+    return _fold_tile(m, l, scores, acc, values)
+
+
+def _fold_tile(m, l, scores, acc=None, values=None):
+    """:func:`online_softmax_step` as the tile loop runs it: ``(m', l', acc')``, with
+    ``l``, ``acc`` and ``scores`` (which becomes ``P``) overwritten in place unless
+    autograd records the step. The rescale by ``exp(m - m')`` and the product ``P V``
+    are one ``acc * alpha + P V`` update (``baddbmm``), and no tile-sized temporary is
+    allocated besides ``scores`` itself."""
     if scores.shape[-1] == 0:
         return m, l, acc
     m_new = torch.maximum(m, scores.amax(dim=-1))
-    shift = torch.where(torch.isfinite(m_new), m_new, 0.0)
-    p = torch.exp(scores - shift[..., None])
-    alpha = torch.exp(m - shift)
-    l = l * alpha + p.sum(dim=-1)
+    shift = torch.nan_to_num(m_new, nan=0.0, posinf=0.0, neginf=0.0)  # -inf: 0
+    tensors = (m, l, scores, acc, values)
+    if torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in tensors
+    ):
+        p, alpha = torch.exp(scores - shift[..., None]), torch.exp(m - shift)
+        l = l * alpha + p.sum(dim=-1)
+        acc = None if values is None else acc * alpha[..., None] + p @ values
+        return m_new, l, acc
+    p = scores.sub_(shift.unsqueeze(-1)).exp_()
+    alpha = (m - shift).exp_()
+    l.mul_(alpha).add_(p.sum(dim=-1))
     if values is not None:
-        acc = acc * alpha[..., None] + p @ values.to(dtype)
+        acc.mul_(alpha.unsqueeze(-1))
+        if acc.dim() == p.dim() == values.dim() == 3:
+            acc.baddbmm_(p, values)
+        else:
+            acc.add_(p @ values)
     return m_new, l, acc
 
 
@@ -352,6 +375,74 @@ def _tile_scores(
     return qk, tanh
 
 
+def _cache_bytes(level: int, default: int) -> int:
+    """Size of this CPU's level-``level`` data cache (Linux sysfs), else ``default``."""
+    root = "/sys/devices/system/cpu/cpu0/cache"
+    try:
+        for index in sorted(os.listdir(root)):
+            with open(f"{root}/{index}/level") as f:
+                found = int(f.read()) == level
+            with open(f"{root}/{index}/type") as f:
+                found = found and f.read().strip() in ("Data", "Unified")
+            if found:
+                with open(f"{root}/{index}/size") as f:
+                    size = f.read().strip().upper()
+                scale = {"K": 2**10, "M": 2**20}.get(size[-1:], 1)
+                return int(size.rstrip("KM")) * scale
+    except (OSError, ValueError):
+        pass
+    return default
+
+
+def plan_tiles(
+    head_dim: int,
+    value_dim: int | None = None,
+    *,
+    dtype: torch.dtype = torch.float32,
+    l1_bytes: int | None = None,
+    l2_bytes: int | None = None,
+) -> tuple[int, int]:
+    """Tile sizes ``(block_q, block_k)`` of the PyTorch tiled path for the CPU's caches.
+
+    The tiles are computed in float32 (float64 for float64 inputs), ``w`` bytes an
+    element. ``block_q``: the query tile ``block_q x head_dim`` fills at most the
+    level-1 data cache. ``block_k``: the score tile ``block_q x block_k`` and the key
+    and value tiles ``block_k x (head_dim + value_dim)`` fit together in half of the
+    level-2 cache, so the matmul that writes the scores, the exponentials that read
+    them and the product with ``V`` find them there. Both are powers of two, ``16 <=
+    block_q <= 256`` and ``block_q <= block_k <= 4096``: big enough that the Python loop
+    (``L S / (block_q block_k)`` steps) costs little beside the arithmetic. The cache
+    sizes are read from Linux's sysfs (defaults 32 KiB and 1 MiB), or given.
+    """
+    fn = "plan_tiles"
+    head_dim = _check_int(fn, "head_dim", head_dim)
+    value_dim = (
+        head_dim if value_dim is None else _check_int(fn, "value_dim", value_dim)
+    )
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"{fn}: dtype must be a floating torch.dtype, got {dtype!r}")
+    l1 = (
+        _cache_bytes(1, 2**15)
+        if l1_bytes is None
+        else _check_int(fn, "l1_bytes", l1_bytes)
+    )
+    l2 = (
+        _cache_bytes(2, 2**20)
+        if l2_bytes is None
+        else _check_int(fn, "l2_bytes", l2_bytes)
+    )
+    w = 8 if dtype == torch.float64 else 4
+
+    def power_of_two(x: float, lo: int, hi: int) -> int:
+        return min(hi, max(lo, 2 ** max(0, math.floor(math.log2(max(x, 1))))))
+
+    block_q = power_of_two(l1 / (w * head_dim), 16, 256)
+    block_k = power_of_two(
+        l2 / 2 / (w * (block_q + head_dim + value_dim)), block_q, 4096
+    )
+    return block_q, block_k
+
+
 def tiled_attention_forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -362,8 +453,8 @@ def tiled_attention_forward(
     window_size: tuple[int, int] = (-1, -1),
     alibi_slopes: torch.Tensor | None = None,
     softcap: float = 0.0,
-    block_q: int = 128,
-    block_k: int = 128,
+    block_q: int | None = None,
+    block_k: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FlashAttention's forward pass with PyTorch tiles: ``(out, lse)``, never an ``L x
     S`` tensor.
@@ -385,54 +476,65 @@ def tiled_attention_forward(
     Shapes follow
     :mod:`attnbook.contract`: ``q (..., H, L, E)``, ``k (..., Hkv, S, E)``, ``v (...,
     Hkv, S, Ev)`` -> ``out (..., H, L, Ev)``, ``lse (..., H, L)`` (float32 or float64).
-    ``scale`` defaults to ``1 / sqrt(E)``. Besides the output, the largest temporaries
-    are one ``block_q x block_k`` tile and the key/value heads repeated for their query
-    heads under grouped-query attention (``B H S E``), which the Triton kernel avoids by
-    indexing the shared head.
+    ``scale`` defaults to ``1 / sqrt(E)``, the tiles to :func:`plan_tiles`. Under
+    grouped-query attention the ``H / Hkv`` query heads that share a key head are
+    stacked into the rows of one query tile, so every key tile is read once for all of
+    them and no copy of K and V is made. Besides the output, the largest temporary is
+    one ``(H / Hkv) block_q x block_k`` score tile per key head.
     """
     fn = "tiled_attention_forward"
     check_qkv(fn, q, k, v)
     rank = max(q.dim(), k.dim())
     q, k, v, batch = _as_4d(q, k, v)
-    _check_int(fn, "block_q", block_q)
-    _check_int(fn, "block_k", block_k)
     is_causal = _check_flag(fn, "is_causal", is_causal)
     scale = _check_scale(fn, scale)
     _check_head_dim(fn, q, scale)
+    block_q, block_k = _check_tiles(fn, block_q, block_k, q, v)
     window, slopes, softcap = check_attention_options(
         fn, q, window_size, alibi_slopes, softcap
     )
-    B, H, L, E = q.shape
-    S = k.shape[2]
-    scale = default_scale(scale, E)
-    k, v = expand_kv_heads(k, H), expand_kv_heads(v, H)
-    acc_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    out = torch.empty(B, H, L, v.shape[-1], dtype=q.dtype, device=q.device)
-    lse = torch.empty(B, H, L, dtype=acc_dtype, device=q.device)
+    (B, H, L, E), (Hkv, S, Ev) = q.shape, v.shape[1:]
+    scale, g, acc_dtype = default_scale(scale, E), H // Hkv, _accumulation_dtype(q)
+    # (B Hkv, g, L, E): the g query heads of a key head side by side
+    q = q.reshape(B * Hkv, g, L, E)
+    k, v = k.reshape(B * Hkv, S, E), v.reshape(B * Hkv, S, Ev)
+    out = q.new_empty(B * Hkv, g, L, Ev)
+    lse = q.new_empty(B * Hkv, g, L, dtype=acc_dtype)
+    masked = is_causal or slopes is not None or softcap or window != (-1, -1)
     for i0 in range(0, L, block_q):
-        rows = torch.arange(i0, min(i0 + block_q, L), device=q.device)
-        qi = q[:, :, i0 : i0 + block_q].to(acc_dtype) * scale
-        m = torch.full((B, H, len(rows)), -math.inf, dtype=acc_dtype, device=q.device)
-        l = torch.zeros_like(m)
-        acc = torch.zeros(
-            B, H, len(rows), v.shape[-1], dtype=acc_dtype, device=q.device
-        )
+        i1 = min(i0 + block_q, L)
+        rows = torch.arange(i0, i1, device=q.device)
+        qi = (q[:, :, i0:i1].to(acc_dtype) * scale).reshape(B * Hkv, -1, E)
+        m = qi.new_full(qi.shape[:2], -math.inf)
+        l, acc = qi.new_zeros(qi.shape[:2]), qi.new_zeros(*qi.shape[:2], Ev)
         # only the keys some row of the block may see (causal diagonal, window)
-        lo, hi = key_range(
-            i0, i0 + len(rows), L, S, is_causal=is_causal, window_size=window
-        )
+        lo, hi = key_range(i0, i1, L, S, is_causal=is_causal, window_size=window)
         for j0 in range(lo, hi, block_k):
             j1 = min(j0 + block_k, hi)
-            s = qi @ k[:, :, j0:j1].to(acc_dtype).transpose(-1, -2)
-            cols = torch.arange(j0, j1, device=q.device)
-            s, _ = _tile_scores(s, rows, cols, L, S, is_causal, window, slopes, softcap)
-            v_j = v[:, :, j0:j1].to(acc_dtype)
-            m, l, acc = online_softmax_step(m, l, s, acc, v_j)
-        out[:, :, i0 : i0 + block_q] = (acc / torch.where(l > 0, l, 1.0)[..., None]).to(
-            q.dtype
+            kj, vj = k[:, j0:j1].to(acc_dtype), v[:, j0:j1].to(acc_dtype)
+            s = torch.bmm(qi, kj.transpose(1, 2))  # (B Hkv, g rows, cols)
+            if masked:
+                cols = torch.arange(j0, j1, device=q.device)
+                s = _tile_scores(s.view(B, H, i1 - i0, j1 - j0), rows, cols, L, S,
+                                 is_causal, window, slopes, softcap)[0]  # fmt: skip
+                s = s.reshape(B * Hkv, -1, j1 - j0)
+            m, l, acc = _fold_tile(m, l, s, acc, vj)
+        out[:, :, i0:i1] = (acc / torch.where(l > 0, l, 1.0)[..., None]).view(
+            B * Hkv, g, i1 - i0, Ev
         )
-        lse[:, :, i0 : i0 + block_q] = torch.where(l > 0, m + torch.log(l), -math.inf)
+        lse[:, :, i0:i1] = torch.where(l > 0, m + torch.log(l), -math.inf).view(
+            B * Hkv, g, i1 - i0
+        )
+    out, lse = out.view(B, H, L, Ev), lse.view(B, H, L)
     return _from_4d(out, batch, rank), _from_4d(lse, batch, rank)
+
+
+def _check_tiles(fn, block_q, block_k, q, v) -> tuple[int, int]:
+    """``block_q`` and ``block_k``: positive integers, or None (:func:`plan_tiles`)."""
+    planned = plan_tiles(max(q.shape[-1], 1), max(v.shape[-1], 1), dtype=q.dtype)
+    block_q = planned[0] if block_q is None else _check_int(fn, "block_q", block_q)
+    block_k = planned[1] if block_k is None else _check_int(fn, "block_k", block_k)
+    return block_q, block_k
 
 
 def tiled_attention_backward(
@@ -448,8 +550,8 @@ def tiled_attention_backward(
     window_size: tuple[int, int] = (-1, -1),
     alibi_slopes: torch.Tensor | None = None,
     softcap: float = 0.0,
-    block_q: int = 128,
-    block_k: int = 128,
+    block_q: int | None = None,
+    block_k: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dq, dk, dv)`` of attention, recomputing the probabilities tile by
     tile.
@@ -463,10 +565,12 @@ def tiled_attention_backward(
 
     With ``softcap``, ``dS`` is multiplied by the cap's derivative ``1 - tanh^2(S /
     softcap)`` before it reaches ``dQ`` and ``dK``; ALiBi's bias and the window need
-    nothing more (the same tiles are skipped). For MQA/GQA the key/value gradients of
-    the query heads that share a key head are summed. Shapes ``(B, H, L, E)`` as
-    :func:`flash_attention` saves them; ``grad_out`` is like ``out``. Computed in
-    float32 (float64 for float64 ``q``), whatever ``lse``'s dtype.
+    nothing more (the same tiles are skipped). For MQA/GQA the query heads that share a
+    key head are rows of one tile, as in :func:`tiled_attention_forward`, so the
+    products ``P^T dO`` and ``dS^T Q`` sum their key/value gradients without a copy of
+    K and V. Shapes ``(B, H, L, E)`` as :func:`flash_attention` saves them;
+    ``grad_out`` is like ``out``; tiles from :func:`plan_tiles` unless given. Computed
+    in float32 (float64 for float64 ``q``), whatever ``lse``'s dtype.
     """
     fn = "tiled_attention_backward"
     check_qkv(fn, q, k, v)
@@ -488,49 +592,52 @@ def tiled_attention_backward(
             f"H, L) = {tuple(q.shape[:3])}; got out {tuple(out.shape)}, grad_out "
             f"{tuple(grad_out.shape)}, lse {tuple(lse.shape)}"
         )
-    _check_int(fn, "block_q", block_q)
-    _check_int(fn, "block_k", block_k)
     is_causal = _check_flag(fn, "is_causal", is_causal)
     scale = _check_scale(fn, scale)
     _check_head_dim(fn, q, scale)
+    block_q, block_k = _check_tiles(fn, block_q, block_k, q, v)
     window, slopes, softcap = check_attention_options(
         fn, q, window_size, alibi_slopes, softcap
     )
-    B, H, L, E = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
-    scale = default_scale(scale, E)
-    acc_dtype = _accumulation_dtype(q)
-    lse = lse.to(acc_dtype)
-    ke, ve = expand_kv_heads(k, H).to(acc_dtype), expand_kv_heads(v, H).to(acc_dtype)
-    qa, do = q.to(acc_dtype), grad_out.to(acc_dtype)
-    delta = (do * out.to(acc_dtype)).sum(dim=-1)
+    (B, H, L, E), (Hkv, S, Ev) = q.shape, v.shape[1:]
+    scale, g, acc_dtype = default_scale(scale, E), H // Hkv, _accumulation_dtype(q)
+    # (B Hkv, g, L, .): the g query heads of a key head side by side, as in the forward
+    qa, do, o = (
+        x.reshape(B * Hkv, g, L, x.shape[-1]).to(acc_dtype) for x in (q, grad_out, out)
+    )
+    ka, va = (x.reshape(B * Hkv, S, x.shape[-1]).to(acc_dtype) for x in (k, v))
+    delta = (do * o).sum(dim=-1)  # (B Hkv, g, L)
     # rows that see nothing: P = 0
+    lse = lse.to(acc_dtype).reshape(B * Hkv, g, L)
     lse_safe = torch.where(torch.isfinite(lse), lse, math.inf)
-    dq, dk, dv = torch.zeros_like(qa), torch.zeros_like(ke), torch.zeros_like(ve)
+    dq, dk, dv = torch.zeros_like(qa), torch.zeros_like(ka), torch.zeros_like(va)
     for i0 in range(0, L, block_q):
-        rows = torch.arange(i0, min(i0 + block_q, L), device=q.device)
-        qi, doi = qa[:, :, i0 : i0 + block_q], do[:, :, i0 : i0 + block_q]
-        lo, hi = key_range(
-            i0, i0 + len(rows), L, S, is_causal=is_causal, window_size=window
-        )
+        i1 = min(i0 + block_q, L)
+        rows = torch.arange(i0, i1, device=q.device)
+        qi, doi = (x[:, :, i0:i1].reshape(B * Hkv, -1, x.shape[-1]) for x in (qa, do))
+        lse_i = lse_safe[:, :, i0:i1].reshape(B * Hkv, -1, 1)
+        delta_i = delta[:, :, i0:i1].reshape(B * Hkv, -1, 1)
+        dqi = qi.new_zeros(qi.shape)
+        lo, hi = key_range(i0, i1, L, S, is_causal=is_causal, window_size=window)
         for j0 in range(lo, hi, block_k):
             j1 = min(j0 + block_k, hi)
-            kj, vj = ke[:, :, j0:j1], ve[:, :, j0:j1]
+            kj, vj = ka[:, j0:j1], va[:, j0:j1]
             cols = torch.arange(j0, j1, device=q.device)
             s, tanh = _tile_scores(
-                qi @ kj.transpose(-1, -2) * scale,
+                (qi @ kj.transpose(-1, -2) * scale).view(B, H, i1 - i0, j1 - j0),
                 rows, cols, L, S, is_causal, window, slopes, softcap,
             )  # fmt: skip
-            p = torch.exp(s - lse_safe[:, :, i0 : i0 + block_q, None])
-            dv[:, :, j0:j1] += p.transpose(-1, -2) @ doi
-            ds = p * (doi @ vj.transpose(-1, -2) - delta[:, :, i0 : i0 + block_q, None])
+            s = s.reshape(B * Hkv, -1, j1 - j0)
+            p = torch.exp(s - lse_i)
+            dv[:, j0:j1] += p.transpose(-1, -2) @ doi  # sums over the g heads' rows
+            ds = p * (doi @ vj.transpose(-1, -2) - delta_i)
             if tanh is not None:  # d(softcap tanh(x / softcap)) / dx = 1 - tanh^2
-                ds = ds * (1 - tanh * tanh)
-            dq[:, :, i0 : i0 + block_q] += ds @ kj * scale
-            dk[:, :, j0:j1] += ds.transpose(-1, -2) @ qi * scale
-    group = H // Hkv
-    dk = dk.reshape(B, Hkv, group, S, E).sum(dim=2)
-    dv = dv.reshape(B, Hkv, group, S, v.shape[-1]).sum(dim=2)
+                ds = ds * (1 - tanh * tanh).reshape(ds.shape)
+            dqi += ds @ kj * scale
+            dk[:, j0:j1] += ds.transpose(-1, -2) @ qi * scale
+        dq[:, :, i0:i1] = dqi.view(B * Hkv, g, i1 - i0, E)
+    dq = dq.view(B, H, L, E)
+    dk, dv = dk.view(B, Hkv, S, E), dv.view(B, Hkv, S, Ev)
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 

@@ -321,12 +321,16 @@ def expand_block_mask(block_mask: torch.Tensor, block_size: int) -> torch.Tensor
 # --------------------------------------------------------------------------------------
 # Attention that computes only the allowed entries
 # --------------------------------------------------------------------------------------
-# scores per step of block_sparse_attention's loop over query-block rows
+# scores per step of the masked rows' loop in block_sparse_attention
 _CHUNK_SCORES = 2**20
+# gathered key (and value) elements per step of the plain rows' loop
+_CHUNK_KEYS = 2**22
 
 
 def _pad_seq(x: torch.Tensor, length: int) -> torch.Tensor:
-    """Zero-pad dimension -2 of ``x`` to ``length``."""
+    """Zero-pad dimension -2 of ``x`` to ``length`` (no copy if it has that length)."""
+    if x.shape[-2] == length:
+        return x
     return torch.nn.functional.pad(x, (0, 0, 0, length - x.shape[-2]))
 
 
@@ -378,69 +382,136 @@ def block_sparse_attention(
     ``attnbook.core.causal_mask`` (query ``i`` sees keys ``j <= i + S - L``); tiles
     entirely above that diagonal are dropped before any work.
 
-    Algorithm. Per query block, list its active key blocks, padded to the longest list
-    with a validity flag; gather those key and value blocks into ``(..., rows, width *
-    b, E)`` and attend with one batched matmul per chunk of rows (scores ``(..., rows,
-    b, width * b)``), masking padded blocks, keys past ``S`` and, if causal, keys after
-    the diagonal. BigBird's global rows see every block and would pad every row to ``S /
-    b`` blocks, so the rows are first sorted by their number of active blocks and split
-    in two groups (narrow and wide), each padded to its own width; the split minimizes
-    the total ``rows x width``. Chunks keep each step near ``_CHUNK_SCORES`` scores.
-    Cost: ``O(active tiles * b^2 * E)``, i.e. ``O(n (w + g + r) E)`` for BigBird.
+    Algorithm. Per query block (a row of tiles), list its active key blocks. A *plain*
+    row needs no mask inside its tiles (no tile crosses the causal diagonal or holds
+    the ragged last key block): its keys are exactly its gathered key blocks, so rows
+    with the same number ``c`` of active blocks are attended together by PyTorch's fused
+    kernel (``F.scaled_dot_product_attention``, scores ``(..., rows, b, c b)``), with
+    the whole of ``k, v`` (no gather) for rows that see every block (BigBird's global
+    rows). The other rows are padded to a common width with a validity flag and attended
+    with a token mask (:func:`_masked_rows`). Chunks keep each gather near
+    ``_CHUNK_KEYS`` elements, in buffers reused from chunk to chunk. Cost: ``O(active
+    tiles * b^2 * E)``, i.e. ``O(n (w + g + r) E)`` for BigBird.
     """
     _check_block_sparse(q, k, v, block_mask, block_size, is_causal, scale)
     k, v = grouped_kv(q, k, v)
     L, S, b = q.shape[-2], k.shape[-2], block_size
     n_qb, n_kb = -(-L // b), -(-S // b)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    device = q.device
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if L == 0 or S == 0:  # no tile: no query, or zeros (no key to see)
         return (q * scale) @ k.transpose(-2, -1) @ v
-    q = _pad_seq(q.expand(*batch, L, q.shape[-1]), n_qb * b) * scale
-    k = _pad_seq(k.expand(*batch, S, k.shape[-1]), n_kb * b)
-    v = _pad_seq(v.expand(*batch, S, v.shape[-1]), n_kb * b)
-    q_pos = torch.arange(n_qb * b, device=device).view(n_qb, b)
-    k_pos = torch.arange(n_kb * b, device=device).view(n_kb, b)
-
-    active = block_mask.to(device) & (k_pos[None, :, 0] < S)
+    # (N, blocks, b, E) views: N = batch entries times heads
+    qb, kb, vb = (
+        _pad_seq(t.expand(*batch, *t.shape[-2:]), n * b).reshape(-1, n, b, t.shape[-1])
+        for t, n in ((q, n_qb), (k, n_kb), (v, n_kb))
+    )
+    q_pos = torch.arange(n_qb * b, device=q.device).view(n_qb, b)
+    k_pos = torch.arange(n_kb * b, device=q.device).view(n_kb, b)
+    active = block_mask.to(q.device) & (k_pos[None, :, 0] < S)
     if is_causal:  # drop tiles whose first key lies after the last query's diagonal
         active &= k_pos[None, :, 0] <= q_pos[:, -1:] + (S - L)
+    # a tile needs a token mask when it holds keys past S or crosses the diagonal
+    crossing = (k_pos[None, :, -1] >= S).expand(n_qb, n_kb)
+    if is_causal:
+        crossing = crossing | (k_pos[None, :, -1] > q_pos[:, :1] + (S - L))
     counts = active.sum(dim=-1)
+    plain = ~(active & crossing).any(dim=-1) & (counts > 0)
+    order = (~active).to(torch.int8).argsort(dim=-1, stable=True)  # active first
+    out = qb.new_empty(*qb.shape[:-1], vb.shape[-1])
+    for c in counts[plain].unique().tolist():
+        rows = (plain & (counts == c)).nonzero().flatten()
+        _plain_rows(out, qb, kb, vb, rows, order[rows, :c], scale)
+    rows = (~plain).nonzero().flatten()
+    if len(rows):
+        shift = S - L if is_causal else None
+        _masked_rows(out, qb, kb, vb, rows, active, q_pos, k_pos, S, shift, scale)
+    return out.flatten(-3, -2)[:, :L].reshape(*batch, L, vb.shape[-1])
 
-    # Split the block rows in two groups by active count: narrow rows and wide rows.
-    order = counts.argsort()
-    sorted_counts = counts[order].tolist()
-    costs = [
-        (i * sorted_counts[i - 1] if i else 0) + (n_qb - i) * sorted_counts[-1]
-        for i in range(n_qb + 1)
+
+def _gather_blocks(x: torch.Tensor, idx: torch.Tensor, buffer) -> torch.Tensor:
+    """Blocks ``idx`` (flat) of ``x (N, blocks, b * E)``: ``(N, len(idx), b * E)``,
+    written into the front of ``buffer`` (1-D) when one is given: a fresh allocation of
+    tens of MiB costs more than the copy (the operating system maps new pages)."""
+    if buffer is None:  # under autograd: index_select's out= is not differentiable
+        return x.index_select(1, idx)
+    out = buffer[: x.shape[0] * len(idx) * x.shape[-1]].view(x.shape[0], len(idx), -1)
+    return torch.index_select(x, 1, idx, out=out)
+
+
+def _plain_rows(out, qb, kb, vb, rows, blocks, scale) -> None:
+    """Write into ``out`` the attention of the query blocks ``rows`` over their key
+    blocks ``blocks (r, c)``, tiles that need no mask: the keys of a row are exactly its
+    gathered blocks, so PyTorch's fused kernel attends a chunk of rows in one call."""
+    N, n_kb, b, E = kb.shape
+    c = blocks.shape[1]
+    grad = torch.is_grad_enabled() and any(x.requires_grad for x in (qb, kb, vb))
+    if c == n_kb:  # every key block: all of k and v, nothing to gather
+        qr, kr, vr = (x.reshape(N, 1, -1, x.shape[-1]) for x in (qb[:, rows], kb, vb))
+        out[:, rows] = _attend(qr, kr, vr, scale, grad).reshape(N, len(rows), b, -1)
+        return
+    flat = (kb.flatten(-2), vb.flatten(-2))  # (N, n_kb, b * E): one block per row
+    step = max(1, _CHUNK_KEYS // (N * c * b * E))
+    buffers = [
+        None if grad else x.new_empty(N * min(step, len(rows)) * c * x.shape[-1])
+        for x in flat
     ]
-    n_narrow = min(range(n_qb + 1), key=costs.__getitem__)
+    for chunk, idx in zip(rows.split(step), blocks.split(step)):
+        shape = (N, len(chunk), c * b, -1)  # (N, r, c b, E): a row's keys in order
+        k_rows, v_rows = (
+            _gather_blocks(x, idx.flatten(), buf).view(shape)
+            for x, buf in zip(flat, buffers)
+        )
+        out[:, chunk] = _attend(qb[:, chunk], k_rows, v_rows, scale, grad)
 
-    out = q.new_empty(*batch, n_qb, b, v.shape[-1])
-    qb = q.view(*batch, n_qb, b, q.shape[-1])
-    kb = k.view(*batch, n_kb, b, k.shape[-1])
-    vb = v.view(*batch, n_kb, b, v.shape[-1])
-    batch_numel = math.prod(batch)
-    for group in (order[:n_narrow], order[n_narrow:]):
+
+def _attend(q, k, v, scale: float, grad: bool) -> torch.Tensor:
+    """Unmasked attention: PyTorch's fused kernel, or under autograd the readable
+    ``softmax(q k^T scale) v``, which has second derivatives (the fused CPU kernel's
+    backward pass has none)."""
+    if grad:
+        return torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
+
+
+def _masked_rows(out, qb, kb, vb, rows, active, q_pos, k_pos, S, shift, scale):
+    """Write into ``out`` the attention of the query blocks ``rows`` whose tiles need a
+    token mask: keys past ``S``, or (``shift`` not None) keys after the causal diagonal
+    ``j <= i + shift``, or no active block at all.
+
+    Each row's active key blocks are gathered, padded to a common width with a validity
+    flag and attended with :func:`attnbook.core.masked_softmax` (a row with no allowed
+    key gives zeros). A global row sees every block and would pad every row to ``S /
+    b`` blocks, so the rows are sorted by their number of active blocks and split in two
+    groups (narrow and wide), each padded to its own width; the split minimizes the
+    total ``rows x width``. Chunks keep each step near ``_CHUNK_SCORES`` scores."""
+    N, b = qb.shape[0], qb.shape[2]
+    counts = active[rows].sum(dim=-1)
+    order = counts.argsort()
+    rows, sorted_counts = rows[order], counts[order].tolist()
+    n = len(rows)
+    costs = [
+        (i * sorted_counts[i - 1] if i else 0) + (n - i) * sorted_counts[-1]
+        for i in range(n + 1)
+    ]
+    n_narrow = min(range(n + 1), key=costs.__getitem__)
+    for group in (rows[:n_narrow], rows[n_narrow:]):
         if not len(group):
             continue
-        width = max(int(counts[group].max()), 1)
-        step = max(1, _CHUNK_SCORES // (batch_numel * b * b * width))
-        for rows in group.split(step):  # r rows at a time, about _CHUNK_SCORES scores
+        width = max(int(active[group].sum(dim=-1).max()), 1)
+        step = max(1, _CHUNK_SCORES // (N * b * b * width))
+        for r in group.split(step):  # r rows at a time, about _CHUNK_SCORES scores
             # (r, width): active key blocks first, then padding blocks (valid False)
-            idx = (~active[rows]).to(torch.int8).argsort(dim=-1, stable=True)[:, :width]
-            valid = torch.gather(active[rows], 1, idx).repeat_interleave(b, dim=-1)
+            idx = (~active[r]).to(torch.int8).argsort(dim=-1, stable=True)[:, :width]
+            valid = torch.gather(active[r], 1, idx).repeat_interleave(b, dim=-1)
             keys = k_pos[idx].flatten(1)[:, None, :]  # (r, 1, width * b) key positions
             blocked = ~valid[:, None, :] | (keys >= S)
-            if is_causal:
-                blocked = blocked | (keys > q_pos[rows][:, :, None] + (S - L))
-            k_rows = kb[..., idx, :, :].flatten(-3, -2)  # (..., r, width * b, E)
-            v_rows = vb[..., idx, :, :].flatten(-3, -2)  # (..., r, width * b, Ev)
-            scores = qb[..., rows, :, :] @ k_rows.transpose(-2, -1)  # (..., r, b, w b)
-            weights = masked_softmax(scores, ~blocked)  # no allowed key: zeros
-            out[..., rows, :, :] = weights @ v_rows
-    return out.flatten(-3, -2)[..., :L, :]
+            if shift is not None:
+                blocked = blocked | (keys > q_pos[r][:, :, None] + shift)
+            k_rows = kb[:, idx].flatten(-3, -2)  # (N, r, width * b, E)
+            v_rows = vb[:, idx].flatten(-3, -2)  # (N, r, width * b, Ev)
+            scores = (qb[:, r] * scale) @ k_rows.transpose(-2, -1)  # (N, r, b, w b)
+            out[:, r] = masked_softmax(scores, ~blocked) @ v_rows  # no key: zeros
 
 
 def _check_sliding_window_attention(q, k, v, window, is_causal, scale) -> None:

@@ -3,7 +3,8 @@
 On the CPU, for ``n = 2^min .. 2^max`` on the same random ``(1, heads, n, d)`` inputs, it times
 
 * ``attnbook.core.scaled_dot_product_attention`` (naive: materializes the ``n x n`` weights),
-* ``attnbook.flash.tiled_attention_forward`` (PyTorch tiles of ``--block`` rows; ``O(n)`` memory),
+* ``attnbook.flash.flash_attention(..., backend="torch")`` (the PyTorch tiles, sized by
+  ``attnbook.flash.plan_tiles`` for this CPU's caches unless ``--block`` is given; ``O(n)`` memory),
 * ``torch.nn.functional.scaled_dot_product_attention`` (PyTorch's fused kernel),
 
 and prints the best times, peak extra memory (``attnbook.complexity.measure``) and the ratios. The
@@ -41,7 +42,7 @@ from tqdm.auto import tqdm
 
 from attnbook.complexity import measure
 from attnbook.core import scaled_dot_product_attention as naive_attention
-from attnbook.flash import flash_attention, tiled_attention_forward
+from attnbook.flash import flash_attention, plan_tiles, tiled_attention_forward
 from attnbook.utils import default_device, seed_everything
 
 
@@ -52,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-log2-n", type=int, default=14, help="longest n is 2^this (default 14: 16384)")
     parser.add_argument("--heads", type=int, default=None, help="heads (default 1 on CPU, 16 on GPU)")
     parser.add_argument("--head-dim", type=int, default=64, help="head width d (default 64)")
-    parser.add_argument("--block", type=int, default=1024, help="tile rows of the CPU tiled path (default 1024)")
+    parser.add_argument("--block", type=int, default=None, help="tile rows of the CPU tiled path (default: plan_tiles)")
     parser.add_argument("--dtype", default=None, help="float32 / float16 / bfloat16 (default float32 CPU, float16 GPU)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per point; the fastest is reported")
@@ -64,18 +65,25 @@ def cpu_table(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     heads, d, dtype = args.heads or 1, args.head_dim, getattr(torch, args.dtype or "float32")
     lo = 10 if args.min_log2_n is None else args.min_log2_n
-    print(f"device=cpu threads={args.threads} dtype={dtype} batch=1 heads={heads} head_dim={d} tile={args.block} "
+    tiles = {} if args.block is None else {"block_q": args.block, "block_k": args.block}
+    shown = "x".join(map(str, plan_tiles(d, dtype=dtype))) + " (plan_tiles)" if args.block is None else args.block
+    print(f"device=cpu threads={args.threads} dtype={dtype} batch=1 heads={heads} head_dim={d} tile={shown} "
           f"(best of {args.repeat} runs; peak extra memory)")
     print(f"{'n':>6} | {'naive ms':>9} {'tiled ms':>9} {'sdpa ms':>8} tiled/sdpa | {'naive MiB':>9} {'tiled MiB':>9} tiled/naive | max|diff|")
+    def tiled(q, k, v):
+        if tiles:
+            return tiled_attention_forward(q, k, v, **tiles)[0]
+        return flash_attention(q, k, v, backend="torch")
+
     for log2_n in tqdm(range(lo, args.max_log2_n + 1), desc="lengths", leave=False):
         n = 2**log2_n
         q, k, v = (torch.randn(1, heads, n, d, dtype=dtype) for _ in range(3))
         runs = {
             "naive": measure(naive_attention, q, k, v, repeat=args.repeat),
-            "tiled": measure(tiled_attention_forward, q, k, v, block_q=args.block, block_k=args.block, repeat=args.repeat),
+            "tiled": measure(tiled, q, k, v, repeat=args.repeat),
             "sdpa": measure(F.scaled_dot_product_attention, q, k, v, repeat=args.repeat),
         }
-        diff = (tiled_attention_forward(q, k, v, block_q=args.block, block_k=args.block)[0] - F.scaled_dot_product_attention(q, k, v)).abs().max()
+        diff = (tiled(q, k, v) - F.scaled_dot_product_attention(q, k, v)).abs().max()
         ms = {name: 1e3 * r["min_s"] for name, r in runs.items()}
         mib = {name: (r["peak_bytes"] or 0) / 2**20 for name, r in runs.items()}
         time_ratio = ms["tiled"] / ms["sdpa"]
@@ -94,7 +102,7 @@ def window_table(args: argparse.Namespace) -> None:
     heads, d, w = args.heads or 4, args.head_dim, args.window
     lo = 10 if args.min_log2_n is None else args.min_log2_n
     print(f"device=cpu threads={args.threads} float32 batch=1 heads={heads} head_dim={d} window={w} "
-          f"tile={args.block} (best of {args.repeat} runs)")
+          f"tile={'x'.join(map(str, plan_tiles(d)))} (plan_tiles; best of {args.repeat} runs)")
     print(f"{'n':>6} | {'causal ms':>9} {'window ms':>9} causal/window | {'causal us/token':>15} "
           f"{'window us/token':>15} | max|diff| vs dense mask")
     for log2_n in tqdm(range(lo, args.max_log2_n + 1), desc="lengths", leave=False):

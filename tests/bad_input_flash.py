@@ -17,6 +17,7 @@ from attnbook.flash import (
     merge_partials,
     online_softmax,
     online_softmax_step,
+    plan_tiles,
     select_backend,
     tiled_attention_backward,
     tiled_attention_forward,
@@ -76,6 +77,9 @@ ROWS = [
     Bad("select_backend", "out-of-range", lambda: select_backend(_Q, "auto", kernel="decode"),
         ("select_backend", "kernel")),
     Bad("select_backend", "integer-dtype", lambda: select_backend(_Q.long(), "torch"), ("select_backend", "q")),
+    Bad("plan_tiles", "zero", lambda: plan_tiles(0), ("plan_tiles", "head_dim")),
+    Bad("plan_tiles", "non-integer", lambda: plan_tiles(64, l2_bytes=2.5e5), ("plan_tiles", "l2_bytes")),
+    Bad("plan_tiles", "integer-dtype", lambda: plan_tiles(64, dtype=torch.int32), ("plan_tiles", "dtype")),
     Bad("hbm_accesses", "non-integer", lambda: hbm_accesses(1024, 64, 2.5e4), ("hbm_accesses", "sram_bytes")),
     Bad("hbm_accesses", "zero", lambda: hbm_accesses(0, 64, 2**16), ("hbm_accesses", "seq_len")),
 ]

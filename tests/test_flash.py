@@ -24,6 +24,7 @@ from attnbook.flash import (
     merge_partials,
     online_softmax,
     online_softmax_step,
+    plan_tiles,
     select_backend,
     tiled_attention_backward,
     tiled_attention_forward,
@@ -287,7 +288,7 @@ def test_fused_options_agree_with_the_books_own_masks_and_biases(gen):
 def test_tiles_outside_the_window_are_skipped(gen, monkeypatch):
     """The tiled loop multiplies only the keys of key_range: at a fixed window the keys each
     query tile touches stay bounded as the length grows (so the time grows linearly)."""
-    import attnbook.flash as flash
+    from attnbook import flash
 
     touched = []
     real = flash._tile_scores
@@ -616,7 +617,7 @@ def test_empty_sequences_give_the_documented_results(gen):
 def test_triton_without_a_gpu_or_the_interpreter_says_how_to_get_one(monkeypatch):
     """No GPU and no TRITON_INTERPRET: a clear error naming the function, how to get the
     interpreter, and backend='torch' (not Triton's raw '0 active drivers')."""
-    import attnbook.flash as flash
+    from attnbook import flash
 
     monkeypatch.setattr(flash, "_triton_importable", lambda: True)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -645,3 +646,60 @@ def test_triton_without_a_gpu_or_the_interpreter_says_how_to_get_one(monkeypatch
     with pytest.raises(RuntimeError, match=r"flash_attention: .*TRITON_INTERPRET=1 was set after .* imported"):
         flash_attention(q, q, q, backend="triton")
     assert flash_attention(q, q, q, backend="torch").shape == q.shape  # the way out
+
+
+# ---------------------------------------------------------------------------------------------
+# plan_tiles: the CPU tile plan, and the tiled path without a copy of K and V under GQA
+# ---------------------------------------------------------------------------------------------
+@given(E=st.integers(1, 512), Ev=st.integers(1, 512), l1=st.integers(2**10, 2**20), l2=st.integers(2**14, 2**25),
+       double=st.booleans())
+def test_plan_tiles_fills_the_caches_as_documented(E, Ev, l1, l2, double):
+    dtype = torch.float64 if double else torch.float32
+    w = 8 if double else 4
+    bq, bk = plan_tiles(E, Ev, dtype=dtype, l1_bytes=l1, l2_bytes=l2)
+    assert bq & (bq - 1) == 0 and bk & (bk - 1) == 0  # powers of two
+    assert 16 <= bq <= 256 and bq <= bk <= 4096
+    # the query tile fits in L1 and is the largest power of two that does (within the bounds)
+    assert bq == 16 or bq * E * w <= l1
+    assert bq == 256 or 2 * bq * E * w > l1
+    # the score tile and the key/value tiles fit in half of L2, and twice block_k would not
+    fits = lambda bk: w * (bq * bk + bk * (E + Ev)) <= l2 / 2  # noqa: E731
+    assert bk == bq or fits(bk)
+    assert bk == 4096 or not fits(2 * bk)
+
+
+def test_plan_tiles_reads_the_caches_and_the_defaults_are_its_plan(monkeypatch):
+    from attnbook import flash
+
+    assert plan_tiles(64) == plan_tiles(64, l1_bytes=flash._cache_bytes(1, 2**15),
+                                        l2_bytes=flash._cache_bytes(2, 2**20))
+    assert plan_tiles(64, l1_bytes=2**15, l2_bytes=2**20) == (128, 512)  # the worked example of the chapter
+    seen = []
+    monkeypatch.setattr(flash, "plan_tiles", lambda *a, **kw: seen.append(a) or (4, 8))
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = _qkv(gen, 20, 30)
+    out, lse = tiled_attention_forward(q, k, v)
+    expected, expected_lse = tiled_attention_forward(q, k, v, block_q=4, block_k=8)
+    assert seen and torch.equal(out, expected) and torch.equal(lse, expected_lse)
+
+
+@pytest.mark.parametrize("H, H_kv", [(4, 1), (4, 2), (6, 3)])
+def test_tiled_path_never_copies_k_and_v_for_grouped_query_attention(H, H_kv):
+    from attnbook.utils import largest_new_tensor
+
+    gen = torch.Generator().manual_seed(H * 10 + H_kv)
+    q, k, v = _qkv(gen, 32, 512, E=8, H=H, H_kv=H_kv, dtype=torch.float32, batch=1)
+    expanded = H * 512 * 8  # what repeating each key head for its query heads would allocate
+    # views of K and V (and their gradients), the output and dq, and one tile per key head
+    allowed = max(H_kv * 512 * 8, H * 32 * 8, H * 16 * 16)
+    tiles = dict(block_q=16, block_k=16)
+    assert largest_new_tensor(tiled_attention_forward, q, k, v, **tiles) <= allowed < expanded
+    out, lse = tiled_attention_forward(q, k, v, **tiles)
+    grad = torch.randn(out.shape, generator=gen)
+    assert largest_new_tensor(tiled_attention_backward, q, k, v, out, lse, grad, **tiles) <= allowed
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    reference = torch.nn.functional.scaled_dot_product_attention(*leaves, enable_gqa=True)
+    expected = torch.autograd.grad(reference, leaves, grad)
+    torch.testing.assert_close(out, reference.detach(), atol=1e-5, rtol=1e-5)
+    for got, want in zip(tiled_attention_backward(q, k, v, out, lse, grad, **tiles), expected):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -262,6 +262,51 @@ def test_block_sparse_never_forms_an_L_by_S_tensor(gen):
     assert largest < n * n / 32, f"largest intermediate has {largest} elements; n^2 = {n * n}"
 
 
+@pytest.mark.parametrize("n, causal, plain", [(8 * 16, False, True), (8 * 16 + 5, False, False), (8 * 16, True, False)])
+def test_block_sparse_routes_rows_to_the_fused_kernel_only_when_no_tile_needs_a_mask(n, causal, plain, gen, monkeypatch):
+    """BigBird without a causal mask and with whole blocks: every row is plain (gathered keys, PyTorch's fused
+    kernel, no token mask). A ragged last key block or a causal diagonal sends rows through the masked path."""
+    from attnbook import sparse
+
+    calls = {"plain": 0, "masked": 0}
+    for name in ("plain", "masked"):
+        original = getattr(sparse, f"_{name}_rows")
+
+        def counted(*args, original=original, name=name):
+            calls[name] += 1
+            return original(*args)
+
+        monkeypatch.setattr(sparse, f"_{name}_rows", counted)
+    block_mask = bigbird_block_mask(math.ceil(n / 16), generator=gen)
+    q, k, v = randn(2, 3, n, 8, gen=gen), randn(2, 3, n, 8, gen=gen), randn(2, 3, n, 5, gen=gen)
+    out = block_sparse_attention(q, k, v, block_mask, 16, is_causal=causal)
+    expected = dense_attention(q, k, v, expand_block_mask(block_mask, 16)[:n, :n], is_causal=causal)
+    torch.testing.assert_close(out, expected, **TIGHT)
+    # BigBird's window holds the diagonal and its global columns the ragged last block: no row is plain then
+    assert (calls["plain"] > 0) == plain and (calls["masked"] > 0) == (not plain)
+
+
+@pytest.mark.parametrize("grad", [False, True])
+def test_block_sparse_chunks_and_reused_buffers_give_the_same_result(grad, gen, monkeypatch):
+    """Tiny chunks: many gathers into the same buffers (or, under autograd, fresh tensors and the readable
+    softmax(q k^T) v); rows of different widths; every row and gradient equals dense attention. (Second derivatives
+    through the plain rows: test_flash.py's test_second_derivatives_through_the_triton_backends_...)"""
+    from attnbook import sparse
+
+    monkeypatch.setattr(sparse, "_CHUNK_KEYS", 1)  # one block row per chunk
+    block_mask = bigbird_block_mask(12, n_random=3, generator=gen)
+    block_mask[5, :] = True  # a second row that sees every block
+    block_mask[7, 9:] = True  # a wider plain row
+    inputs = [randn(1, 2, 12 * 8, 4, gen=gen).requires_grad_(grad) for _ in range(3)]
+    out = block_sparse_attention(*inputs, block_mask, 8)
+    dense = dense_attention(*inputs, expand_block_mask(block_mask, 8))
+    torch.testing.assert_close(out, dense, **TIGHT)
+    if grad:
+        upstream = randn(*out.shape, gen=gen)
+        for got, want in zip(torch.autograd.grad(out, inputs, upstream), torch.autograd.grad(dense, inputs, upstream)):
+            torch.testing.assert_close(got, want, **TIGHT)
+
+
 @pytest.mark.parametrize(
     "bad, match",
     [

@@ -98,7 +98,7 @@ def _table() -> dict[tuple, dict]:
     path = Path(__file__).with_name("compiled.json")
     if not path.exists():  # a broken install: the table ships inside the wheel
         raise FileNotFoundError(
-            f"{path} is missing: reinstall attnbook (its wheel ships the compiled table)"
+            f"{path} is missing: reinstall attnbook (its wheel ships the table)"
         )
     rows = json.loads(path.read_text())["kernels"]
     return {
