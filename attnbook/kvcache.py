@@ -11,6 +11,9 @@ the order the chapter tells them:
   is;
 * :class:`KVCache`: preallocated ``(batch, kv_heads, max_len, head_dim)`` buffers per
   layer;
+* :class:`StaticKVCache`: the same buffers written in place at a slot tensor and read
+  whole, so every decode step has the same shapes (what ``torch.compile`` and CUDA
+  graphs capture; the idea of gpt-fast);
 * :class:`SlidingWindowKVCache`: a ring buffer keeping the last ``window`` positions
   (the rolling buffer cache of Mistral 7B, Jiang et al., 2023);
 * :class:`SegmentMemory`, :class:`RelativeSegmentAttention` and :func:`run_segments`:
@@ -57,6 +60,7 @@ __all__ = [
     "MODEL_CONFIGS",
     "model_cache_table",
     "KVCache",
+    "StaticKVCache",
     "SlidingWindowKVCache",
     "compress_memories",
     "SegmentMemory",
@@ -304,6 +308,129 @@ class KVCache:
     def reset(self) -> None:
         """Forget every position (the buffers stay allocated)."""
         self.lengths = [0] * len(self.lengths)
+
+
+def _check_seek(cache, start, count, fn="StaticKVCache.seek") -> None:
+    check_int(fn, "start", start, 0)
+    check_int(fn, "count", count)
+    if start + count > cache.max_len:
+        raise CacheFullError(
+            f"{fn}: slots {start} .. {start + count - 1} go past "
+            f"max_len={cache.max_len}"
+        )
+
+
+def _check_static_update(cache, layer, k_new, v_new) -> None:
+    fn = "StaticKVCache.update"
+    check_float(fn, "k_new", k_new)
+    check_float(fn, "v_new", v_new)
+    buffer = cache.k[0]
+    check_cache_update(
+        fn, k_new, v_new, tuple(buffer.shape[:2]), buffer.shape[-1], layer=layer,
+        n_layers=len(cache.k), names=("k_new", "v_new"),
+    )  # fmt: skip
+    if k_new.shape[-2] != cache.slots.numel():
+        raise ValueError(
+            f"{fn}: k_new and v_new must hold one position per slot of seek(), "
+            f"{cache.slots.numel()}, got {k_new.shape[-2]}"
+        )
+
+
+def _check_real_keys(cache, real) -> None:
+    shape = (cache.k[0].shape[0], cache.max_len)
+    if real is not None and (
+        not isinstance(real, torch.Tensor)
+        or real.dtype != torch.bool
+        or tuple(real.shape) != shape
+    ):
+        raise ValueError(
+            f"StaticKVCache.mask: real must be None or a bool tensor of shape (batch, "
+            f"max_len) = {shape} (False at padding), got "
+            f"{getattr(real, 'dtype', type(real).__name__)} "
+            f"{tuple(getattr(real, 'shape', ()))}"
+        )
+
+
+class StaticKVCache:
+    """The decode hot path's cache: per layer, one preallocated ``(batch, n_kv_heads,
+    max_len, head_dim)`` tensor for keys and one for values (``self.k[layer]``,
+    ``self.v[layer]``), whose every update has the same shapes.
+
+    ``seek(start, count)`` points the next update at slots ``start .. start + count -
+    1`` (``self.slots``, an int64 tensor, rewritten in place when ``count`` is
+    unchanged); ``update(layer, k_new, v_new)`` copies the ``count`` new positions
+    there in place (an ``index_put_``: no allocation, no ``torch.cat``) and returns the
+    *whole* buffers ``(batch, n_kv_heads, max_len, head_dim)``. Attention therefore
+    always sees ``max_len`` keys, and the caller masks the slots not written yet with
+    a boolean mask over the full length (:meth:`mask`). The shapes never change from one
+    step to the next: that is what lets ``torch.compile`` trace a decode step once
+    and CUDA graphs replay it. ``advance()`` moves the slots past the ones just written.
+    ``length`` is the first of the current slots (host side, never read by a step).
+    Writing past ``max_len`` raises :class:`CacheFullError` at ``seek`` or ``advance``.
+    """
+
+    def __init__(
+        self,
+        n_layers: int,
+        batch: int,
+        n_kv_heads: int,
+        head_dim: int,
+        max_len: int,
+        dtype: torch.dtype = torch.float32,
+        device=None,
+    ):
+        sizes = dict(n_layers=n_layers, batch=batch, n_kv_heads=n_kv_heads)
+        _check_cache(
+            "StaticKVCache", dtype, **sizes, head_dim=head_dim, max_len=max_len
+        )
+        self.max_len, self.length = max_len, 0
+        shape = (batch, n_kv_heads, max_len, head_dim)
+        # one tensor per layer, not views of one: a compiled step then updates each
+        # buffer in place instead of copying the whole cache around the write
+        self.k = tuple(
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)
+        )
+        self.v = tuple(
+            torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)
+        )
+        self.slots = torch.zeros(1, dtype=torch.long, device=self.k[0].device)
+
+    def seek(self, start: int, count: int = 1) -> None:
+        """Make slots ``start .. start + count - 1`` the next ones written."""
+        _check_seek(self, start, count)
+        if self.slots.numel() == count:
+            self.slots.copy_(torch.arange(start, start + count))
+        else:
+            self.slots = torch.arange(start, start + count, device=self.k[0].device)
+        self.length = start
+
+    def advance(self) -> None:
+        """The next update writes right after the slots just written."""
+        count = self.slots.numel()
+        _check_seek(self, self.length + count, count, "StaticKVCache.advance")
+        self.length += count
+        self.slots.add_(count)
+
+    def update(
+        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        _check_static_update(self, layer, k_new, v_new)
+        self.k[layer][:, :, self.slots] = k_new  # in place, at the slots
+        self.v[layer][:, :, self.slots] = v_new
+        return self.k[layer], self.v[layer]
+
+    def mask(self, real: torch.Tensor | None = None) -> torch.Tensor:
+        """Bool ``(batch or 1, 1, count, max_len)``, True where the query in slot
+        ``slots[i]`` may attend: keys in earlier slots and its own, and, given ``real``
+        (bool ``(batch, max_len)``, False at padding), only real keys. A padding query
+        keeps its own slot, so no row is empty."""
+        _check_real_keys(self, real)
+        keys = torch.arange(self.max_len, device=self.k[0].device)
+        earlier = keys <= self.slots[:, None]  # (count, max_len)
+        if real is None:
+            return earlier[None, None]
+        own = keys == self.slots[:, None]
+        return (earlier & (real[:, None, :] | own))[:, None]
 
 
 class SlidingWindowKVCache(KVCache):

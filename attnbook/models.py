@@ -33,10 +33,15 @@ where a key is padding; ``attn_mask`` is bool (True = may attend) or additive an
 have the four dimensions of the scores ``(B, n_heads, T, S)`` (each may be 1), so a
 padding mask is never mistaken for a ``(T, S)`` one.
 
-``TinyGPT.generate`` decodes greedily or by sampling, with or without a KV cache
-(:class:`attnbook.kvcache.KVCache`; a latent cache for MLA). With a cache every forward
-pass feeds only the new tokens: their positions start at ``cache.length``, RoPE rotates
-the new keys before they are stored, and the t5/alibi biases are rebuilt for ``(new
+``TinyGPT.generate`` decodes greedily or by sampling, with or without a KV cache, for
+prompts of one length or left-padded ones of different lengths. Its cached path is the
+decode hot path (the idea of gpt-fast): a :class:`attnbook.kvcache.StaticKVCache`, the
+output tokens, the positions and the mask are allocated once and written in place, so
+every one-token step has the same shapes and ``compile=True`` can run it through
+``torch.compile`` (and CUDA graphs on a GPU). MLA decodes with its latent cache through
+the general forward pass. With a :class:`attnbook.kvcache.KVCache` every forward pass
+feeds only the new tokens: their positions start at ``cache.length``, RoPE rotates the
+new keys before they are stored, and the t5/alibi biases are rebuilt for ``(new
 queries, all keys)`` from positions. On CUDA a one-token step without a bias runs the
 split-KV Triton kernel (:mod:`attnbook.kernels.decode`).
 """
@@ -44,8 +49,10 @@ split-KV Triton kernel (:mod:`attnbook.kernels.decode`).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import numbers
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -56,11 +63,11 @@ from torch.nn import functional as F
 from .serving import LatentKVCache, MultiHeadLatentAttention
 from .contract import check_sizes as _check_sizes
 from .contract import check_key_padding_mask
-from .contract import check_float
+from .contract import check_flag, check_float
 from .core import MultiHeadAttention, scaled_dot_product_attention
 from .data import BOS, EOS, PAD
 from .kernels import plan_for
-from .kvcache import KVCache, decode_attention
+from .kvcache import KVCache, StaticKVCache, decode_attention
 from .positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -176,6 +183,41 @@ def _check_4d_mask(fn: str, name: str, mask, scores: tuple[int, ...]) -> None:
             f"{T}, {S}); got {tuple(mask.shape)}. A (batch, S) padding mask goes in "
             "key_padding_mask= (bool, True = padding)"
         )
+
+
+_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+@contextlib.contextmanager
+def _fused_projections(model: nn.Module):
+    """For one generation: each :class:`Attention`'s query, key and value projections
+    stacked into one matrix, so a step runs one matrix-vector product per layer
+    instead of three (fewer launches, one longer read). Built from the parameters at
+    the start of the call and removed at its end: the parameters stay the truth."""
+    layers = [m for m in model.modules() if isinstance(m, Attention)]
+    for attn in layers:
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
+        weight = torch.cat([p.weight for p in projections])
+        biases = [p.bias for p in projections]
+        bias = None if biases[0] is None else torch.cat(biases)
+        held = _FUSED.get(attn)  # the same tensors every call: a compiled step's input
+        if (
+            held is None
+            or held[0].shape != weight.shape
+            or held[0].dtype != weight.dtype
+        ):
+            held = _FUSED[attn] = (weight, bias)
+        else:
+            held[0].copy_(weight)
+            if bias is not None:
+                held[1].copy_(bias)
+        attn._qkv = held
+        attn._qkv_widths = [p.out_features for p in projections]
+    try:
+        yield
+    finally:
+        for attn in layers:
+            del attn._qkv, attn._qkv_widths
 
 
 @contextlib.contextmanager
@@ -344,6 +386,8 @@ class Attention(MultiHeadAttention):
     grouped-query layout) as a decoder or encoder layer needs it: self-attention with an
     optional rotary embedding, an optional additive bias, a KV cache and head masks."""
 
+    _qkv = None  # (weight, bias) of q, k, v stacked, set by generate for its call
+
     def __init__(self, config: TransformerConfig, *, is_causal: bool, layer: int = 0):
         _check_config("Attention", config)
         super().__init__(
@@ -378,25 +422,52 @@ class Attention(MultiHeadAttention):
         ``(n_heads,)`` or ``(B, n_heads)`` factors on each head's output before
         ``out_proj`` (0 removes the head). ``return_weights=True`` also returns the
         weights ``(B, n_heads, T, S)``.
+
+        With a :class:`attnbook.kvcache.StaticKVCache` (the decode hot path of
+        ``TinyGPT.generate``) the new keys and values go to the cache's slots, the
+        queries attend to all ``max_len`` slots, and ``bias`` is the whole mask (bool,
+        True = may attend, or additive, ``(B, 1 or n_heads, T, max_len)``); no weights.
         """
         _check_width("Attention", x, self.d_model, "(batch, seq, d_model={})")
+        if return_weights and isinstance(cache, StaticKVCache):
+            raise ValueError(
+                "Attention: return_weights=True needs a KVCache or no cache, not a "
+                "StaticKVCache (its fused kernel keeps no weights)"
+            )
         B, T, _ = x.shape
-        offset = cache.length if cache is not None else 0
-        q = self._split(self.q_proj(x), self.n_heads)
-        k = self._split(self.k_proj(x), self.n_kv_heads)
-        v = self._split(self.v_proj(x), self.n_kv_heads)
+        if self._qkv is not None:  # generate's fused projection: one product, not 3
+            q, k, v = F.linear(x, *self._qkv).split(self._qkv_widths, -1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = self._split(q, self.n_heads)
+        k, v = self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
         # rotate after the projection, in every layer; cached keys stay rotated, except
         # in a cache that numbers positions by slot (attention sinks): it stores them
         # unrotated and they are rotated by their place in the cache at every step
         in_cache = getattr(cache, "positions_in_cache", False)
         if self.rotary is not None and not in_cache and positions is not None:
-            q, k = (
-                self.rotary(q, positions[:, None]),
-                self.rotary(k, positions[:, None]),
-            )
+            # the queries and keys of a step rotated in one call (one cos/sin)
+            qk = self.rotary(torch.cat((q, k), 1), positions[:, None])
+            q, k = qk.split((self.n_heads, self.n_kv_heads), 1)
         elif self.rotary is not None and not in_cache:
+            offset = cache.length if cache is not None else 0
             q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
+        if isinstance(cache, StaticKVCache):
+            # the decode hot path: write in place, attend to the whole buffer under
+            # the caller's mask (bias: bool or additive over max_len keys), one fused
+            # kernel for all heads; the shapes never change from step to step
+            k, v = cache.update(self.layer, k, v)
+            out = F.scaled_dot_product_attention(
+                q,
+                k,
+                v,
+                bias,
+                dropout_p=self.dropout if self.training else 0.0,
+                enable_gqa=self.n_kv_heads != self.n_heads,
+            )
+            return self._merge_heads(out, head_mask)
         if cache is not None:
+            offset = cache.length
             k, v = cache.update(self.layer, k, v)
             if self.rotary is not None and in_cache:
                 q = self.rotary(q, offset=k.shape[-2] - T)
@@ -820,6 +891,9 @@ class TinyGPT(_Transformer):
         temperature: float = 0.0,
         top_k: int | None = None,
         generator: torch.Generator | None = None,
+        *,
+        key_padding_mask: torch.Tensor | None = None,
+        compile: bool = False,
     ) -> torch.Tensor:
         """Append ``max_new_tokens`` tokens to ``idx`` ``(B, T0)``; returns ``(B, T0 +
         max_new_tokens)``.
@@ -830,12 +904,26 @@ class TinyGPT(_Transformer):
 
         ``use_cache=False`` recomputes the whole prefix at every step (``O(t^2)``
         attention work per sequence of ``t`` tokens); ``use_cache=True`` runs the prompt
-        once (prefill) and then one token per step against a
-        :class:`attnbook.kvcache.KVCache` (decode). Both give the same tokens. The
-        ``learned`` scheme has no row beyond ``max_len``: without a cache the context is
-        cropped to the last ``max_len`` tokens (nanoGPT's rule), which moves every token
-        to a new position, so each step recomputes everything; with a cache that is
-        impossible and going past ``max_len`` raises ``ValueError``.
+        once (prefill) and then one token per step (decode) against a
+        :class:`attnbook.kvcache.StaticKVCache` (a latent cache for MLA): the cache,
+        the output tokens, the positions and the mask are allocated once for the whole
+        length and written in place, so every decode step has the same shapes. Both
+        give the same tokens. ``compile=True`` runs that one-token step through
+        ``torch.compile(fullgraph=True)`` (on CUDA with CUDA graphs,
+        ``mode="reduce-overhead"``): compiled once per model class and shapes, on the
+        first call (seconds to tens of seconds: time it), and reused by later calls
+        with the same batch, length and dtype; same tokens as eager (MHA only).
+
+        Prompts of different lengths: left-pad them to one length and give
+        ``key_padding_mask`` bool ``(B, T0)``, True at the padding, which must come
+        first in each row (at least one real token per row). Padding is no position and
+        no key, so row ``b`` of the output, without its padding, equals generating
+        ``idx[b]``'s real tokens alone (MLA: up to the rounding of its rotary angles).
+
+        The ``learned`` scheme has no row beyond ``max_len``: without a cache the
+        context is cropped to the last ``max_len`` tokens (nanoGPT's rule), which moves
+        every token to a new position, so each step recomputes everything; with a
+        cache that is impossible and going past ``max_len`` raises ``ValueError``.
 
         The model runs in eval mode for the call (dropout off, so both ways give the
         same tokens; a KV cache would otherwise see other dropout masks than the full
@@ -845,57 +933,122 @@ class TinyGPT(_Transformer):
         (values above ``vocab_size`` keep every token); an empty batch returns ``(0,
         T0 + max_new_tokens)``.
         """
-        fn = "TinyGPT.generate"
-        _check_ids(fn, "idx", idx, self.config.vocab_size)
-        if (
-            isinstance(max_new_tokens, bool)
-            or not isinstance(max_new_tokens, numbers.Integral)
-            or max_new_tokens < 0
-        ):
-            raise ValueError(
-                f"{fn}: max_new_tokens must be a non-negative integer, got "
-                f"{max_new_tokens!r}"
-            )
-        if not _is_real(temperature) or not 0.0 <= temperature < math.inf:
-            raise ValueError(
-                f"{fn}: temperature must be a finite number >= 0 (0: greedy), got "
-                f"{temperature!r}"
-            )
-        if top_k is not None:
-            _check_sizes(fn, top_k=top_k)
-        cfg, total = self.config, idx.shape[1] + max_new_tokens
-        learned = cfg.positional == "learned"
-        if use_cache and learned and total - 1 > cfg.max_len:
-            raise ValueError(
-                f"{fn}: a cached learned-position model cannot go past "
-                f"max_len={cfg.max_len} positions "
-                f"(prompt {idx.shape[1]} + {max_new_tokens} new tokens): use "
-                "use_cache=False, which crops"
-            )
-        if idx.shape[0] == 0:
-            return idx.new_empty(0, total)
-        cache = None
-        if use_cache:
-            cache = self.make_cache(idx.shape[0], max(total - 1, 1), device=idx.device)
-        tokens, new = idx, idx
+        use_cache, compile = _check_generate(
+            self, idx, max_new_tokens, use_cache, temperature, top_k,
+            key_padding_mask, compile,
+        )  # fmt: skip
+        (B, T0), total = idx.shape, idx.shape[1] + max_new_tokens
+        tokens = idx.new_empty(B, total)  # the output, written in place
+        tokens[:, :T0] = idx
+        if B == 0 or max_new_tokens == 0:
+            return tokens
+        padding = key_padding_mask  # (B, total): the new tokens are never padding
+        if padding is not None:
+            padding = F.pad(padding.to(idx.device), (0, max_new_tokens), value=False)
+        choose = functools.partial(
+            _next_token, temperature=temperature, top_k=top_k, generator=generator
+        )
         with _generating(self):  # eval mode for the call, the old modes restored
-            for _ in range(max_new_tokens):
-                if use_cache:
-                    logits = self(new, cache=cache)[:, -1]
-                else:
-                    context = tokens[:, -cfg.max_len :] if learned else tokens
-                    logits = self(context)[:, -1]
-                new = _next_token(logits, temperature, top_k, generator)
-                tokens = torch.cat((tokens, new), dim=1)
+            if not use_cache:
+                self._generate_uncached(tokens, T0, padding, choose)
+            elif self.config.attention == "mla":
+                self._generate_latent(tokens, T0, padding, choose)
+            else:
+                with _fused_projections(self):
+                    self._generate_static(tokens, T0, padding, choose, compile)
         return tokens
 
+    def _generate_uncached(self, tokens, T0, padding, choose) -> None:
+        """Every step runs the whole prefix (cropped to ``max_len`` for ``learned``)."""
+        crop = self.config.max_len if self.config.positional == "learned" else None
+        for t in range(T0, tokens.shape[1]):
+            first = 0 if crop is None else max(0, t - crop)
+            mask = None if padding is None else padding[:, first:t]
+            logits = self(tokens[:, first:t], key_padding_mask=mask)[:, -1]
+            tokens[:, t : t + 1] = choose(logits)
+
+    def _generate_latent(self, tokens, T0, padding, choose) -> None:
+        """MLA: the general forward with a latent cache, one token a step."""
+        cache = self.make_cache(tokens.shape[0], tokens.shape[1] - 1)
+        new = tokens[:, :T0]
+        for t in range(T0, tokens.shape[1]):
+            mask = None if padding is None else padding[:, :t]
+            logits = self(new, cache=cache, key_padding_mask=mask)[:, -1]
+            tokens[:, t : t + 1] = new = choose(logits)
+
+    def _generate_static(self, tokens, T0, padding, choose, compile) -> None:
+        """The decode hot path. Everything a step needs is built once here: the cache
+        (:class:`attnbook.kvcache.StaticKVCache`), the positions of every slot (real
+        tokens only, under padding), the mask over the full length and the table of
+        absolute encodings or biases; the loop then only updates them in place."""
+        B, total = tokens.shape
+        S = max(total - 1, 1)  # the last token is returned, never fed back
+        cache, step = _decode_setup(self, B, S, compile)
+        real = None if padding is None else ~padding[:, :S]
+        if real is None:
+            positions = torch.arange(S, device=tokens.device).expand(B, S)
+        else:
+            positions = (real.cumsum(-1) - 1).clamp_min(0)
+        table = self._decode_table(S)
+        cache.seek(0, T0)  # prefill: the prompt in one pass, eager
+        logits = self._step(
+            tokens[:, :T0], cache, positions[:, :T0], cache.mask(real), table
+        )
+        tokens[:, T0 : T0 + 1] = choose(logits)
+        if total - 1 == T0:  # one new token: the prefill gave it
+            return
+        cache.seek(T0, 1)
+        mask = cache.mask(real)  # (B or 1, 1, 1, S): slot T0 and the real keys before
+        position = positions[:, T0 : T0 + 1].clone()
+        for t in range(T0, total - 1):  # feed token t (slot t), choose token t + 1
+            if t > T0:  # the next slot, position and key: updated in place
+                cache.advance()
+                position.add_(1)
+                mask.index_fill_(-1, cache.slots, True)
+            logits = step(self, tokens[:, t : t + 1], cache, position, mask, table)
+            tokens[:, t + 1 : t + 2] = choose(logits)
+
+    def _decode_table(self, S: int) -> torch.Tensor | None:
+        """What a step looks up by slot or position, built once per generation: the
+        absolute encodings ``(S, d_model)``, or the t5/alibi bias ``(1, n_heads, S,
+        S)`` (causal, over slots), or ``None`` (rope, none)."""
+        scheme, weight = self.config.positional, self.tok_emb.weight
+        if scheme == "sinusoidal":
+            d_model = self.config.d_model
+            return sinusoidal_encoding(S, d_model, dtype=weight.dtype).to(weight.device)
+        if scheme == "learned":
+            return self.pos_emb.weight
+        if scheme == "t5":
+            return self.rel_bias(S, S).to(weight)
+        if scheme == "alibi":
+            return alibi_bias(self.config.n_heads, S, S).to(weight)
+        return None
+
+    def _step(self, idx, cache, positions, mask, table) -> torch.Tensor:
+        """One forward pass of the hot path: ``idx`` ``(B, T)`` written at
+        ``cache.slots``, ``positions`` ``(B, T)``, ``mask`` bool ``(B or 1, 1, T, S)``,
+        ``table`` from :meth:`_decode_table` -> the logits of the last position ``(B,
+        vocab_size)``. Static shapes, no host synchronization: compilable whole."""
+        x, scheme, bias = self.tok_emb(idx), self.config.positional, mask
+        if scheme in ("sinusoidal", "learned"):
+            x = x + table[positions]
+        elif scheme in ("t5", "alibi"):  # the bias rows of the query slots
+            bias = table[:, :, cache.slots].masked_fill(~mask, float("-inf"))
+        rope = positions if scheme == "rope" else None
+        for block in self.blocks:
+            x = block(x, bias, cache, positions=rope)
+        return self.head(self.ln_f(x[:, -1]))
+
     def make_cache(
-        self, batch: int, max_len: int, *, device=None
-    ) -> KVCache | LatentKVCache:
+        self, batch: int, max_len: int, *, device=None, static: bool = False
+    ) -> KVCache | StaticKVCache | LatentKVCache:
         """An empty cache for ``batch`` sequences of up to ``max_len`` positions, in the
-        model's dtype (and device, unless given): a :class:`attnbook.kvcache.KVCache`,
-        or with ``attention="mla"`` a :class:`attnbook.serving.LatentKVCache`."""
-        _check_sizes(f"{type(self).__name__}.make_cache", batch=batch, max_len=max_len)
+        model's dtype (and device, unless given): a :class:`attnbook.kvcache.KVCache`
+        (``static=True``: a :class:`attnbook.kvcache.StaticKVCache`), or with
+        ``attention="mla"`` a :class:`attnbook.serving.LatentKVCache`."""
+        fn = f"{type(self).__name__}.make_cache"
+        _check_sizes(fn, batch=batch, max_len=max_len)
+        static = check_flag(fn, "static", static)
         cfg, weight = self.config, self.tok_emb.weight
         device = weight.device if device is None else device
         if cfg.attention == "mla":
@@ -909,7 +1062,8 @@ class TinyGPT(_Transformer):
                 dtype=weight.dtype,
                 device=device,
             )
-        return KVCache(
+        kind = StaticKVCache if static else KVCache
+        return kind(
             cfg.n_layers,
             batch,
             cfg.n_kv_heads or cfg.n_heads,
@@ -918,6 +1072,87 @@ class TinyGPT(_Transformer):
             dtype=weight.dtype,
             device=device,
         )
+
+
+def _check_generate(
+    model, idx, max_new_tokens, use_cache, temperature, top_k, padding, compile
+) -> tuple[bool, bool]:
+    fn, cfg = "TinyGPT.generate", model.config
+    _check_ids(fn, "idx", idx, cfg.vocab_size)
+    if (
+        isinstance(max_new_tokens, bool)
+        or not isinstance(max_new_tokens, numbers.Integral)
+        or max_new_tokens < 0
+    ):
+        raise ValueError(
+            f"{fn}: max_new_tokens must be a non-negative integer, got "
+            f"{max_new_tokens!r}"
+        )
+    use_cache = check_flag(fn, "use_cache", use_cache)
+    compile = check_flag(fn, "compile", compile)
+    if not _is_real(temperature) or not 0.0 <= temperature < math.inf:
+        raise ValueError(
+            f"{fn}: temperature must be a finite number >= 0 (0: greedy), got "
+            f"{temperature!r}"
+        )
+    if top_k is not None:
+        _check_sizes(fn, top_k=top_k)
+    if padding is not None:
+        check_key_padding_mask(fn, padding, *idx.shape)
+        starts = padding.long().diff(dim=-1) if idx.shape[1] > 1 else None
+        if padding[:, -1].any() or (starts is not None and (starts > 0).any()):
+            raise ValueError(
+                f"{fn}: key_padding_mask must be left padding (True only before the "
+                "first real token of each row) with a real last token, got "
+                f"{padding.int().tolist()[:4]}"
+            )
+    if compile and (not use_cache or cfg.attention == "mla"):
+        raise ValueError(
+            f"{fn}: compile=True compiles the cached decode step of attention='mha'; "
+            f"got use_cache={use_cache}, attention={cfg.attention!r}"
+        )
+    total = idx.shape[1] + max_new_tokens
+    if use_cache and cfg.positional == "learned" and total - 1 > cfg.max_len:
+        raise ValueError(
+            f"{fn}: a cached learned-position model cannot go past "
+            f"max_len={cfg.max_len} positions "
+            f"(prompt {idx.shape[1]} + {max_new_tokens} new tokens): use "
+            "use_cache=False, which crops"
+        )
+    return use_cache, compile
+
+
+#: The compiled decode steps, one per model class and compile mode, and the static
+#: caches per model, batch, length, dtype and device, reused across generate calls:
+#: the buffers keep their addresses (CUDA graphs replay on them) and the compiled graph
+#: its shapes, so only the first call pays for compiling.
+_COMPILED_STEPS: dict = {}
+_STATIC_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _decode_setup(model, B: int, S: int, compile: bool):
+    """The static cache and the step function of one generation: eager
+    ``model._step``, or its compiled form (compiled on first use)."""
+    weight = model.tok_emb.weight
+    if not compile:
+        return model.make_cache(B, S, static=True), type(model)._step
+    key = (B, S, weight.dtype, weight.device)
+    caches = _STATIC_CACHES.setdefault(model, {})
+    if key not in caches:
+        caches[key] = cache = model.make_cache(B, S, static=True)
+        if weight.is_cuda:  # CUDA graphs may mutate only buffers at fixed addresses
+            for buffer in cache.k + cache.v + (cache.slots,):
+                torch._dynamo.mark_static_address(buffer)
+    cache = caches[key]
+    for buffer in cache.k + cache.v:
+        buffer.zero_()
+    mode = "reduce-overhead" if weight.is_cuda else None
+    step_key = (type(model), mode)
+    if step_key not in _COMPILED_STEPS:
+        _COMPILED_STEPS[step_key] = torch.compile(  # one graph per shape
+            type(model)._step, fullgraph=True, dynamic=False, mode=mode
+        )
+    return cache, _COMPILED_STEPS[step_key]
 
 
 def _next_token(

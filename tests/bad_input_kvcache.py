@@ -11,6 +11,7 @@ from attnbook.kvcache import (
     RelativeSegmentAttention,
     SegmentMemory,
     SlidingWindowKVCache,
+    StaticKVCache,
     compress_memories,
     decode_arithmetic_intensity,
     decode_attention,
@@ -30,6 +31,12 @@ _KN = torch.randn(2, 1, 1, 4, generator=_G)
 
 def _cache(cls=KVCache):
     return cls(2, 2, 1, 4, 8)
+
+
+def _full_static():
+    cache = _cache(StaticKVCache)
+    cache.seek(7)
+    return cache
 
 
 def _paged():
@@ -88,6 +95,28 @@ ROWS = [
     Bad("KVCache.update", "integer-dtype", lambda: _cache().update(0, _KN.long(), _KN.long()),
         ("KVCache.update", "k_new")),
     Bad("KVCache.update", "boolean", lambda: _cache().update(True, _KN, _KN), ("KVCache.update", "layer")),
+    # StaticKVCache
+    Bad("StaticKVCache", "zero", lambda: StaticKVCache(2, 2, 1, 4, 0), ("StaticKVCache", "max_len")),
+    Bad("StaticKVCache", "non-integer", lambda: StaticKVCache(2, 2.0, 1, 4, 8), ("StaticKVCache", "batch")),
+    Bad("StaticKVCache", "wrong-dtype", lambda: StaticKVCache(2, 2, 1, 4, 8, dtype=torch.int32),
+        ("StaticKVCache", "dtype")),
+    Bad("StaticKVCache.seek", "negative", lambda: _cache(StaticKVCache).seek(-1), ("StaticKVCache.seek", "start")),
+    Bad("StaticKVCache.seek", "zero", lambda: _cache(StaticKVCache).seek(0, 0), ("StaticKVCache.seek", "count")),
+    Bad("StaticKVCache.seek", "out-of-range", lambda: _cache(StaticKVCache).seek(6, 3),
+        ("StaticKVCache.seek", "max_len=8")),
+    Bad("StaticKVCache.seek", "boolean", lambda: _cache(StaticKVCache).seek(True), ("StaticKVCache.seek", "start")),
+    Bad("StaticKVCache.update", "out-of-range", lambda: _cache(StaticKVCache).update(2, _KN, _KN),
+        ("StaticKVCache.update", "layer")),
+    Bad("StaticKVCache.update", "wrong-shape", lambda: _cache(StaticKVCache).update(0, _KN.repeat(1, 1, 2, 1),
+        _KN.repeat(1, 1, 2, 1)), ("StaticKVCache.update", "k_new", "slot")),
+    Bad("StaticKVCache.update", "integer-dtype", lambda: _cache(StaticKVCache).update(0, _KN.long(), _KN.long()),
+        ("StaticKVCache.update", "k_new")),
+    Bad("StaticKVCache.mask", "wrong-shape", lambda: _cache(StaticKVCache).mask(torch.ones(2, 5, dtype=torch.bool)),
+        ("StaticKVCache.mask", "real", "(2, 8)")),
+    Bad("StaticKVCache.mask", "wrong-dtype", lambda: _cache(StaticKVCache).mask(torch.ones(2, 8)),
+        ("StaticKVCache.mask", "real")),
+    Bad("StaticKVCache.advance", "out-of-range", lambda: _full_static().advance(),
+        ("StaticKVCache.advance", "max_len=8")),
     # SlidingWindowKVCache
     Bad("SlidingWindowKVCache", "negative", lambda: SlidingWindowKVCache(2, 2, 1, 4, -1),
         ("SlidingWindowKVCache", "window")),

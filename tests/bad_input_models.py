@@ -13,6 +13,8 @@ NAN = float("nan")
 _CFG = TransformerConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=1)
 _MLA = TransformerConfig(vocab_size=11, d_model=16, n_heads=2, n_layers=1, attention="mla")
 _X = torch.randn(2, 5, 16)
+_IDS = torch.randint(0, 11, (2, 5), generator=torch.Generator().manual_seed(0))
+_PAD = torch.tensor([[True, True, False, False, False], [False] * 5])
 
 # (public name, class of wrong input, needles to add) for each BAD_MODEL_INPUTS entry, in order;
 # None leaves the entry out (entry 37: a too-long input to learned positions is refused by
@@ -84,6 +86,23 @@ ROWS = [
     Bad("drophead_mask", "boolean", lambda: M.drophead_mask(True, 4, 0.1, 3), ("drophead_mask", "n_layers")),
     Bad("induction_scores", "non-integer", lambda: M.induction_scores(torch.rand(1, 1, 2, 6, 6), 2.5),
         ("induction_scores", "period")),
+    # generate's key_padding_mask (left padding only) and compile, make_cache's static
+    Bad("TinyGPT", "wrong-dtype", lambda: M.TinyGPT(_CFG).generate(_IDS, 2, key_padding_mask=_PAD.int()),
+        ("TinyGPT.generate", "key_padding_mask", "bool")),
+    Bad("TinyGPT", "wrong-shape", lambda: M.TinyGPT(_CFG).generate(_IDS, 2, key_padding_mask=_PAD[:, 1:]),
+        ("TinyGPT.generate", "key_padding_mask", "(2, 5)")),
+    Bad("TinyGPT", "out-of-range", lambda: M.TinyGPT(_CFG).generate(_IDS, 2, key_padding_mask=_PAD.flip(-1)),
+        ("TinyGPT.generate", "key_padding_mask", "left padding")),
+    Bad("TinyGPT", "out-of-range", lambda: M.TinyGPT(_CFG).generate(_IDS, 2, key_padding_mask=_PAD | True),
+        ("TinyGPT.generate", "key_padding_mask", "real last token")),
+    Bad("TinyGPT", "wrong-type", lambda: M.TinyGPT(_CFG).generate(_IDS, 2, compile="yes"),
+        ("TinyGPT.generate", "compile")),
+    Bad("TinyGPT", "out-of-range", lambda: M.TinyGPT(_CFG).generate(_IDS, 2, use_cache=False, compile=True),
+        ("TinyGPT.generate", "compile=True", "use_cache=False")),
+    Bad("TinyGPT", "out-of-range", lambda: M.TinyGPT(_MLA).generate(_IDS, 2, compile=True),
+        ("TinyGPT.generate", "compile=True", "'mla'")),
+    Bad("TinyGPT", "wrong-type", lambda: M.TinyGPT(_CFG).make_cache(2, 4, static="yes"),
+        ("TinyGPT.make_cache", "static")),
 ]  # fmt: skip
 
 EXEMPT = {"POSITIONAL_SCHEMES": "a constant: the names of the positional schemes"}

@@ -67,6 +67,29 @@ def _merge_not_normalized(o, lse):
     return _merge(o, lse, normalize=False)
 
 
+# kvcache-decode-bytes: the book's solution with one thing changed
+def _decode(n_params, n_layers, n_kv_heads, head_dim, seq_len, batch=1, bytes_per_elem=4, *,
+            weight_reads=1, kv=2, size=None):
+    cache = kv * n_layers * n_kv_heads * head_dim * seq_len * batch
+    return (n_params * weight_reads + cache) * (bytes_per_elem if size is None else size)
+
+
+def _decode_weights_per_sequence(n_params, n_layers, n_kv_heads, head_dim, seq_len, batch=1, bytes_per_elem=4):
+    return _decode(n_params, n_layers, n_kv_heads, head_dim, seq_len, batch, bytes_per_elem, weight_reads=batch)
+
+
+def _decode_no_cache(n_params, n_layers, n_kv_heads, head_dim, seq_len, batch=1, bytes_per_elem=4):
+    return _decode(n_params, n_layers, n_kv_heads, head_dim, seq_len, batch, bytes_per_elem, kv=0)
+
+
+def _decode_keys_only(n_params, n_layers, n_kv_heads, head_dim, seq_len, batch=1, bytes_per_elem=4):
+    return _decode(n_params, n_layers, n_kv_heads, head_dim, seq_len, batch, bytes_per_elem, kv=1)
+
+
+def _decode_elements(n_params, n_layers, n_kv_heads, head_dim, seq_len, batch=1, bytes_per_elem=4):
+    return _decode(n_params, n_layers, n_kv_heads, head_dim, seq_len, batch, bytes_per_elem, size=1)
+
+
 MISTAKES = [
     Mistake("kvcache-bytes", "keys only: no factor 2", _bytes_keys_only,
             ("kv_cache_bytes(n_layers=32, n_kv_heads=32, head_dim=128, seq_len=4096, batch=1, "
@@ -79,6 +102,14 @@ MISTAKES = [
     Mistake("kvcache-bytes", "counts elements, not bytes", _bytes_counts_elements,
             ("bytes_per_elem=2) should be 2147483648, got 1073741824", "You count elements",
              "multiply by bytes_per_elem")),
+    Mistake("kvcache-decode-bytes", "weights read once per sequence", _decode_weights_per_sequence,
+            ("decode_bytes(n_params=3300000", "batch=8", "should be 46,754,432", "once per sequence")),
+    Mistake("kvcache-decode-bytes", "the KV cache left out", _decode_no_cache,
+            ("decode_bytes(n_params=3300000", "should be 17,394,304, got 13200000", "You left out the KV cache")),
+    Mistake("kvcache-decode-bytes", "keys only", _decode_keys_only,
+            ("should be 17,394,304, got 15297152", "keys only", "the factor 2")),
+    Mistake("kvcache-decode-bytes", "elements, not bytes", _decode_elements,
+            ("should be 17,394,304, got 4348576", "You count elements")),
     Mistake("kvcache-paged-gather", "reads blocks 0, 1, ... of the pool", _gather_contiguous_blocks,
             ("length 7 with block_size=4, block_table=", "You read blocks 0, 1, 2", "pool[block_table]")),
     Mistake("kvcache-paged-gather", "heads not moved first before flattening", _gather_without_transpose,

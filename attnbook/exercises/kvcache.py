@@ -8,7 +8,7 @@ import torch
 
 from ..kvcache import PagedKVCache, kv_cache_bytes
 from . import register
-from .common import assert_close, generator, is_number
+from .common import assert_close, call_student, explain_slips, generator, is_number
 
 _BYTES_ARGS = (
     "n_layers",
@@ -278,3 +278,77 @@ def _check_merge_splits(student) -> None:
         "zeros, not NaN: the largest lse is then -inf, and lse - (-inf) is NaN; "
         "subtract 0 instead of an infinite maximum"
     )
+
+
+_DECODE_ARGS = (
+    "n_params",
+    "n_layers",
+    "n_kv_heads",
+    "head_dim",
+    "seq_len",
+    "batch",
+    "bytes_per_elem",
+)
+_DECODE_NOTES = {
+    "per_sequence": "You read the weights once per sequence: a decode step multiplies "
+    "the whole batch by each weight matrix, so the weights are read once per step; "
+    "only the cache is read once per sequence.",
+    "no_cache": "You left out the KV cache: each step also reads the keys and values "
+    "of every cached position, in every layer, for every sequence.",
+    "keys_only": "You read the cached keys only: the values take as much (the factor "
+    "2).",
+    "elements": "You count elements: multiply by bytes_per_elem to get bytes.",
+    "bits": "You return bits: return the number of bytes.",
+}
+
+
+def _decode_bytes(case, slips=()) -> int:
+    """The bytes of ``case`` with the named slips (the right answer without any)."""
+    n_params, n_layers, n_kv_heads, head_dim, seq_len, batch, size = case
+    weights = n_params * (batch if "per_sequence" in slips else 1)
+    cache = (
+        0
+        if "no_cache" in slips
+        else kv_cache_bytes(n_layers, n_kv_heads, head_dim, seq_len, batch, 1)
+        // (2 if "keys_only" in slips else 1)
+    )
+    size = 1 if "elements" in slips else size * (8 if "bits" in slips else 1)
+    return (weights + cache) * size
+
+
+@register(
+    "kvcache-decode-bytes",
+    hint="every weight once per step (the whole batch shares each read), plus the keys "
+    "AND values of seq_len cached positions in every layer for every sequence, times "
+    "the bytes of one element.",
+)
+def _check_decode_bytes(student) -> None:
+    """``student(n_params, n_layers, n_kv_heads, head_dim, seq_len, batch,
+    bytes_per_elem)``: the bytes one decode step must read at least once, the
+    weights once and each sequence's cache."""
+
+    cases = [
+        (3_300_000, 4, 8, 32, 512, 1, 4),
+        (3_300_000, 4, 8, 32, 512, 8, 4),
+        (7_000_000_000, 32, 8, 128, 4096, 16, 2),
+        (1000, 2, 1, 4, 0, 3, 2),
+        (50, 1, 2, 3, 7, 5, 1),
+    ]
+    results = []
+    for case in cases:
+        call = ", ".join(f"{n}={a}" for n, a in zip(_DECODE_ARGS, case))
+        got = call_student(student, f"decode_bytes({call})", *case)
+        results.append(got if is_number(got) else None)
+    for case, got in zip(cases, results):
+        expected = _decode_bytes(case)
+        if got != expected:
+            call = ", ".join(f"{n}={a}" for n, a in zip(_DECODE_ARGS, case))
+            groups = (
+                ("per_sequence",),
+                ("no_cache", "keys_only"),
+                ("elements", "bits"),
+            )
+            note = explain_slips(results, cases, _decode_bytes, groups, _DECODE_NOTES)
+            raise AssertionError(
+                f"decode_bytes({call}) should be {expected:,}, got {got!r}.{note}"
+            )
