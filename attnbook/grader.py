@@ -93,6 +93,9 @@ _MACHINERY = re.compile(
     r"ATTNBOOK_GRADE_LOG|__attnbook|\bCHECKS\b|attnbook\s*\.\s*exercises"
     r"|from\s+attnbook(\.\w+)*\s+import[^\n]*\bexercises\b"
     r"|\bexercises\s*\.\s*(check|register|common)\b"
+    # the kernel lab's launchers and recorder: an answer could swap in PyTorch
+    r"|attnbook\s*\.\s*kernels\s*\.\s*lab|\blab\s*\.\s*\w+\s*=(?!=)"
+    r"|from\s+attnbook\.kernels(\.\w+)*\s+import[^\n]*\blab\b"
 )
 MAX_REPLY = 64 * 2**20  # bytes of one encoded answer
 

@@ -389,7 +389,7 @@ def block_sparse_attention(
     kernel (``F.scaled_dot_product_attention``, scores ``(..., rows, b, c b)``), with
     the whole of ``k, v`` (no gather) for rows that see every block (BigBird's global
     rows). The other rows are padded to a common width with a validity flag and attended
-    with a token mask (:func:`_masked_rows`). Chunks keep each gather near
+    with a token mask (``_masked_rows``). Chunks keep each gather near
     ``_CHUNK_KEYS`` elements, in buffers reused from chunk to chunk. Cost: ``O(active
     tiles * b^2 * E)``, i.e. ``O(n (w + g + r) E)`` for BigBird.
     """

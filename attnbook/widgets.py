@@ -102,7 +102,7 @@ def softmax_temperature_explorer(
 
     Args:
         scores: ``(S,)`` scores of one query against ``S >= 2`` keys; default
-            :data:`DEFAULT_SCORES`.
+            ``DEFAULT_SCORES`` (2, 1, 0.5, 0, -1).
         temperatures: positive temperatures for the static panels.
 
     Returns the ``ipywidgets.interactive`` widget. Raises ``ValueError`` for bad scores

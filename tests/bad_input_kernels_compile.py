@@ -5,9 +5,11 @@ from __future__ import annotations
 import torch
 from test_bad_input import Bad
 
-from attnbook.kernels.compile import Resources, compile_variants, fits
+from attnbook.kernels.compile import Resources, compile_variant, compile_variants, fits
 
 ROWS = [
+    Bad("compile_variant", "out-of-range", lambda: compile_variant("attnbook.kernels.decode", {}, 0, 61),
+        ("compile_variant", "capability")),
     Bad("compile_variants", "out-of-range", lambda: compile_variants([(70, torch.float16, 64)]),
         ("compile_variants", "capability")),
     Bad("fits", "out-of-range", lambda: fits(Resources("k", "k", 70, "float16", 64, 0, 32, 0, 0)),

@@ -31,7 +31,7 @@ MODULES = [
     "contract", "core", "complexity", "data", "utils", "viz", "widgets", "train", "models",
     "transformer", "positional", "sparse", "linear", "kvcache", "serving", "flash", "flex",
     "distributed", "rnn", "vision", "graph", "connections", "kernels", "kernels.flash_triton",
-    "kernels.decode", "kernels.compile", "kernels.tuning", "kernels.variants",
+    "kernels.decode", "kernels.compile", "kernels.tuning", "kernels.variants", "kernels.lab",
 ]  # fmt: skip
 CLASSES = ("non-integer", "boolean", "integer-dtype", "zero", "negative", "nan", "empty",
            "wrong-shape", "wrong-dtype", "out-of-range", "wrong-type")  # fmt: skip

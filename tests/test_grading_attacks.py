@@ -360,3 +360,17 @@ def test_a_fork_bomb_is_contained_and_the_next_student_is_graded(tmp_path):
     got = {(r["student"], r["label"]): r for r in rows}
     assert all(got["bomber", label]["passed"] == 0 for label in LABELS)
     assert all(got["ada", label]["status"] == "passed" for label in LABELS)
+
+
+def test_an_answer_that_replaces_the_kernel_labs_launchers_is_tampering_and_real_answers_are_not():
+    """The kernel lab's checks call the student's kernel through attnbook.kernels.lab: an answer cell
+    that rebinds a launcher (to return PyTorch's result) reaches for the grading machinery."""
+    for source in ["lab.attention_forward = lambda kernel, *a, **k: ref(*a)",
+                   "import attnbook.kernels.lab as L\nL.softmax = torch.softmax",
+                   "from attnbook.kernels import lab as bench",
+                   "setattr(attnbook . kernels . lab, 'matmul', torch.matmul)"]:
+        assert grader._MACHINERY.search(source), source
+    chapter = nbformat.read(ROOT / "book" / "kernel_lab.ipynb", as_version=4)
+    answers = [c.source for c in chapter.cells if "solution" in c.metadata.get("tags", [])]
+    assert len(answers) == 5 and not any(grader._MACHINERY.search(a) for a in answers)
+    assert not grader._MACHINERY.search("if lab.tiles == expected:")

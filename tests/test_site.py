@@ -276,7 +276,7 @@ SEARCH_WORDS = {"attention": "equivariance", "complexity": "crossover", "positio
                 "sparse": "BigBird", "linear": "Performer", "kv_cache": "paged", "flash": "SRAM",
                 "rnn_attention": "Bahdanau", "vision_attention": "rollout", "graph_attention": "karate",
                 "connections": "Hopfield", "transformer": "induction", "serving": "speculative",
-                "distributed": "Ulysses"}
+                "distributed": "Ulysses", "kernel_lab": "launcher"}
 
 
 def test_search_words_cover_every_chapter():

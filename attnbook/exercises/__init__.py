@@ -106,6 +106,7 @@ from . import (  # noqa: E402,F401
     distributed,
     flash,
     graph,
+    kernel_lab,
     kvcache,
     linear,
     positional,

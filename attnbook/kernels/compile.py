@@ -25,7 +25,14 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["Target", "TARGETS", "Resources", "compile_variants", "fits"]
+__all__ = [
+    "Target",
+    "TARGETS",
+    "Resources",
+    "compile_variant",
+    "compile_variants",
+    "fits",
+]
 
 
 @dataclass(frozen=True)
@@ -102,10 +109,19 @@ def _cuobjdump() -> str:
     return str(path)
 
 
-def _compile_one(module: str, kwargs: dict, index: int, capability: int) -> dict:
-    """In a worker: compile variant ``index`` of ``module.variants(**kwargs)``."""
+def compile_variant(module: str, kwargs: dict, index: int, capability: int) -> dict:
+    """Compile variant ``index`` of ``module.variants(**kwargs)`` (a module that lists
+    its kernels' launch variants, as :mod:`attnbook.kernels.variants` does) for the GPU
+    of compute ``capability``, and read its resources with ``cuobjdump``: a dict of
+    kernel, label, config, shared memory (bytes), registers, local and stack bytes.
+    Run it in a process where Triton's interpreter is off."""
     import importlib
 
+    if capability not in TARGETS:
+        raise ValueError(
+            f"compile_variant: capability must be one of {list(TARGETS)}, got "
+            f"{capability!r}"
+        )
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -183,7 +199,7 @@ def compile_variants(
         mp_context=context,
         initializer=_without_interpreter,
     ) as pool:
-        done = list(pool.map(_compile_one, *zip(*jobs, strict=True)))
+        done = list(pool.map(compile_variant, *zip(*jobs, strict=True)))
     return [
         Resources(
             capability=job[3],

@@ -1,0 +1,835 @@
+"""The kernel lab's bench: launchers for the five kernels a student writes in Triton
+(Tillet et al., 2019), a recorder of the tiles each program loads, and what a kernel
+would cost on named GPUs.
+
+* **Launchers.** :func:`softmax`, :func:`matmul`, :func:`attention_forward`,
+  :func:`attention_backward` and :func:`block_sparse_forward` take the student's
+  ``@triton.jit`` kernel first, allocate the outputs, choose the grid and launch it:
+  compiled on a CUDA GPU, in Triton's interpreter on CPU tensors otherwise (a kernel
+  defined while the interpreter was off is re-wrapped, so a student never has to know
+  about ``TRITON_INTERPRET``). Outputs are allocated inside a guard band of NaN: a
+  kernel whose stores leave the output is caught.
+* **Recorder.** :func:`record_loads` watches the interpreter's loads and tells, per
+  program instance, which rows of each named tensor it read; :func:`plot_loads` draws
+  them, one panel per program.
+* **Cost.** :func:`compile_report` compiles a kernel for a T4, an A100 and an H100
+  without a GPU, with :mod:`attnbook.kernels.compile`'s worker, and
+  :func:`format_report` says in plain words whether it launches and spills.
+  :func:`time_forward` times an attention kernel against PyTorch's SDPA on a GPU.
+
+Importing this module on a machine without a CUDA GPU turns on Triton's interpreter
+when ``triton`` is not imported yet: the lab's chapter imports it first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+from ..contract import check_flag, check_float, check_int  # noqa: E402
+
+__all__ = [
+    "BLOCK",
+    "LAB_TARGETS",
+    "softmax",
+    "matmul",
+    "attention_forward",
+    "attention_backward",
+    "block_sparse_forward",
+    "causal_kernel_without_bound",
+    "LoadRecord",
+    "record_loads",
+    "plot_loads",
+    "variants",
+    "compile_report",
+    "format_report",
+    "time_forward",
+]
+
+#: The tile the launchers ask for (16 rows, the smallest ``tl.dot`` takes).
+BLOCK = 16
+#: The GPUs the compile report names (T4 = sm75, A100 = sm80, H100 = sm90).
+LAB_TARGETS = (75, 80, 90)
+_GUARD = 16  # rows and columns of NaN around every output
+
+
+# --------------------------------------------------------------------------------------
+# Launching a student's kernel
+# --------------------------------------------------------------------------------------
+def _runnable(kernel, fn: str):
+    """The kernel as it can run here: compiled on a GPU, interpreted on CPU. A stub
+    (``raise NotImplementedError``) is reported as not attempted."""
+    python = getattr(kernel, "fn", None)
+    if python is None or not callable(python):
+        raise TypeError(
+            f"{fn}: kernel must be a @triton.jit function, got {type(kernel).__name__}"
+        )
+    if "NotImplementedError" in python.__code__.co_names:
+        raise NotImplementedError("the kernel is still the exercise's stub")
+    from triton.runtime.interpreter import InterpretedFunction
+
+    if torch.cuda.is_available() or isinstance(kernel, InterpretedFunction):
+        return kernel
+    return InterpretedFunction(python)
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _guarded(rows: int, cols: int | None, dtype: torch.dtype) -> torch.Tensor:
+    """A ``(rows, cols)`` output (``(rows,)`` for ``cols=None``) inside a NaN guard
+    band: it reads as NaN until written."""
+    shape = (rows + _GUARD,) if cols is None else (rows + _GUARD, cols + _GUARD)
+    room = torch.full(shape, float("nan"), dtype=dtype, device=_device())
+    return room[:rows] if cols is None else room[:rows, :cols]
+
+
+def _untouched(out: torch.Tensor, name: str) -> None:
+    """Raise if the kernel stored anything into ``out``'s guard band."""
+    size = (out.shape[0] + _GUARD,) + tuple(n + _GUARD for n in out.shape[1:])
+    room = out.as_strided(size, out.stride())
+    inside = torch.zeros(size, dtype=torch.bool, device=out.device)
+    inside[tuple(slice(0, n) for n in out.shape)] = True
+    if not torch.isnan(room[~inside]).all():
+        raise AssertionError(
+            f"your kernel stored outside {name} {tuple(out.shape)}: mask the stores "
+            "of the last, ragged tile (rows and columns past the end)."
+        )
+
+
+def _launch(kernel, grid, fn: str, *args, **constexprs) -> None:
+    """Run ``kernel[grid](*args, **constexprs)``; the interpreter's wrapper of an
+    exception is taken off (a stub's ``NotImplementedError`` stays one)."""
+    runnable = _runnable(kernel, fn)
+    try:
+        runnable[grid](*args, **constexprs)
+    except Exception as err:
+        cause = err.__cause__
+        if isinstance(cause, NotImplementedError):
+            raise NotImplementedError(str(cause)) from None
+        if cause is not None and type(err).__name__ == "InterpreterError":
+            raise type(cause)(str(cause)) from None
+        raise
+
+
+def _matrix(fn: str, name: str, t, columns: int | None = None) -> None:
+    check_float(fn, name, t)
+    if t.dim() != 2 or t.stride(-1) != 1 or t.shape[0] == 0:
+        raise ValueError(
+            f"{fn}: {name} must be a non-empty 2-D tensor whose rows are contiguous "
+            f"(stride 1 along the last dim), got shape {tuple(t.shape)}, stride "
+            f"{tuple(t.stride())}"
+        )
+    if columns is not None and t.shape[1] != columns:
+        raise ValueError(
+            f"{fn}: {name} must have {columns} columns, got shape {tuple(t.shape)}"
+        )
+
+
+def _moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device`` with its whole storage, so a view keeps its strides and the
+    guard band around it (``Tensor.to`` would copy the view alone)."""
+    if t.device == device:
+        return t
+    count = t.untyped_storage().nbytes() // t.element_size()
+    whole = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (count,))
+    return whole.to(device).as_strided(t.shape, t.stride(), t.storage_offset())
+
+
+def _to_device(*tensors):
+    return [_moved(t, _device()) if t is not None else None for t in tensors]
+
+
+def _check_softmax(kernel, x) -> None:
+    _matrix("softmax", "x", x)
+
+
+def softmax(kernel, x: torch.Tensor) -> torch.Tensor:
+    """``softmax(x, dim=-1)`` of a ``(rows, cols)`` tensor by ``kernel``, one program
+    per row.
+
+    ``kernel(X, Y, n_cols, stride_x, stride_y, BLOCK: tl.constexpr)``: row ``r`` starts
+    at ``X + r * stride_x`` (and ``Y + r * stride_y``), its ``n_cols`` entries are
+    contiguous, and ``BLOCK`` is the power of two at or above ``n_cols``. Returns ``y``
+    in ``x``'s dtype, on ``x``'s device.
+    """
+    _check_softmax(kernel, x)
+    (xd,) = _to_device(x)
+    rows, cols = x.shape
+    y = _guarded(rows, cols, x.dtype)
+    block = _next_power_of_2(cols)
+    _launch(kernel, (rows,), "softmax", xd, y, cols, xd.stride(0), y.stride(0),
+            BLOCK=block)  # fmt: skip
+    _untouched(y, "y")
+    return y.to(x.device)
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _check_matmul(kernel, a, b) -> None:
+    _matrix("matmul", "a", a)
+    _matrix("matmul", "b", b)
+    if a.shape[1] != b.shape[0] or a.dtype != b.dtype:
+        raise ValueError(
+            f"matmul: a (M, K) and b (K, N) must share K and their dtype, got a "
+            f"{tuple(a.shape)} {a.dtype} and b {tuple(b.shape)} {b.dtype}"
+        )
+
+
+def matmul(kernel, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` for ``a (M, K)`` and ``b (K, N)`` by ``kernel``, one program per
+    ``BLOCK x BLOCK`` tile of the output, in ``a``'s dtype.
+
+    ``kernel(A, B, C, M, N, K, stride_am, stride_bk, stride_cm, BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr)``; rows are contiguous (the column
+    stride is 1); program ``(i, j)`` computes ``C[i*BLOCK_M:, j*BLOCK_N:]``.
+    """
+    _check_matmul(kernel, a, b)
+    ad, bd = _to_device(a, b)
+    (M, K), N = a.shape, b.shape[1]
+    c = _guarded(M, N, a.dtype)
+    grid = (math.ceil(M / BLOCK), math.ceil(N / BLOCK))
+    _launch(kernel, grid, "matmul", ad, bd, c, M, N, K, ad.stride(0), bd.stride(0),
+            c.stride(0), BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK)  # fmt: skip
+    _untouched(c, "c")
+    return c.to(a.device)
+
+
+def _check_attention(fn, kernel, q, k, v, is_causal, scale) -> None:
+    _matrix(fn, "q", q)
+    width = q.shape[1]
+    if width < 16 or width & (width - 1) or width > 128:
+        raise ValueError(
+            f"{fn}: the head dim of q must be a power of two in 16..128 (tl.dot's "
+            f"tiles), got q {tuple(q.shape)}"
+        )
+    for name, t in (("k", k), ("v", v)):
+        _matrix(fn, name, t, width)
+        if t.dtype != q.dtype:
+            raise TypeError(f"{fn}: {name} must be {q.dtype} like q, got {t.dtype}")
+    if k.shape != v.shape:
+        raise ValueError(
+            f"{fn}: k and v must have one shape (S, E), got {tuple(k.shape)} and "
+            f"{tuple(v.shape)}"
+        )
+    check_flag(fn, "is_causal", is_causal)
+    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
+        raise ValueError(f"{fn}: scale must be a positive number, got {scale!r}")
+
+
+def attention_forward(
+    kernel,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    is_causal: bool = False,
+    scale: float | None = None,
+    record_tiles: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """Attention of one head by ``kernel``: ``q (L, E)``, ``k, v (S, E)``; returns
+    ``(out (L, E), lse (L,) float32)``, ``lse`` the row log-sum-exp of the scaled
+    scores (``-inf`` and zeros for a query that sees no key).
+
+    ``kernel(Q, K, V, O, LSE, L, S, scale, stride_q, stride_k, stride_v, stride_o,
+    HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N:
+    tl.constexpr)``, one program per ``BLOCK_M`` query rows; ``CAUSAL`` is bottom-right
+    aligned: query ``i`` sees key ``j`` when ``j <= i + S - L``.
+
+    With ``record_tiles=True`` a third result says which key tiles each program loaded
+    (bool, ``(programs, key tiles)``; under the interpreter only, ``None`` on a GPU).
+    """
+    _check_attention("attention_forward", kernel, q, k, v, is_causal, scale)
+    qd, kd, vd = _to_device(q, k, v)
+    (L, E), S = q.shape, k.shape[0]
+    scale = 1 / math.sqrt(E) if scale is None else float(scale)
+    out = _guarded(L, E, q.dtype)
+    lse = _guarded(L, None, torch.float32)
+    grid = (math.ceil(L / BLOCK),)
+    with _watching(kd, record_tiles) as seen:
+        _launch(kernel, grid, "attention_forward", qd, kd, vd, out, lse, L, S, scale,
+                qd.stride(0), kd.stride(0), vd.stride(0), out.stride(0), HEAD_DIM=E,
+                CAUSAL=bool(is_causal), BLOCK_M=BLOCK, BLOCK_N=BLOCK)  # fmt: skip
+    _untouched(out, "out")
+    _untouched(lse, "lse")
+    results = out.to(q.device), lse.to(q.device)
+    return results + (_tile_map(seen, grid[0], S),) if record_tiles else results
+
+
+def attention_backward(
+    kernel,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    grad_out: torch.Tensor,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(dk, dv)`` of one head's attention by ``kernel``, from the forward pass's
+    ``out (L, E)`` and ``lse (L,)`` and the gradient ``grad_out (L, E)``; float32.
+
+    The pre-pass ``delta = rowsum(grad_out * out)`` is computed here. ``kernel(Q, K,
+    V, DO, LSE, DELTA, DK, DV, L, S, scale, stride_q, stride_k, stride_v, stride_do,
+    stride_dk, stride_dv, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M:
+    tl.constexpr, BLOCK_N: tl.constexpr)``, one program per ``BLOCK_N`` key rows.
+    """
+    fn = "attention_backward"
+    _check_attention(fn, kernel, q, k, v, is_causal, scale)
+    for name, t in (("out", out), ("grad_out", grad_out)):
+        _matrix(fn, name, t, q.shape[1])
+        if t.shape != q.shape:
+            raise ValueError(
+                f"{fn}: {name} must be shaped like q, got {tuple(t.shape)}"
+            )
+    if not isinstance(lse, torch.Tensor) or lse.shape != q.shape[:1]:
+        raise ValueError(f"{fn}: lse must be a tensor of shape ({q.shape[0]},)")
+    qd, kd, vd, dod = _to_device(q, k, v, grad_out)
+    delta = (grad_out.float() * out.float()).sum(-1).to(_device()).contiguous()
+    lsed = lse.float().to(_device()).contiguous()
+    (L, E), S = q.shape, k.shape[0]
+    scale = 1 / math.sqrt(E) if scale is None else float(scale)
+    dk, dv = _guarded(S, E, torch.float32), _guarded(S, E, torch.float32)
+    _launch(kernel, (math.ceil(S / BLOCK),), fn, qd, kd, vd, dod, lsed, delta, dk, dv,
+            L, S, scale, qd.stride(0), kd.stride(0), vd.stride(0), dod.stride(0),
+            dk.stride(0), dv.stride(0), HEAD_DIM=E, CAUSAL=bool(is_causal),
+            BLOCK_M=BLOCK, BLOCK_N=BLOCK)  # fmt: skip
+    _untouched(dk, "dk")
+    _untouched(dv, "dv")
+    return dk.to(q.device), dv.to(q.device)
+
+
+def block_sparse_forward(
+    kernel,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    layout: torch.Tensor,
+    scale: float | None = None,
+    record_tiles: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """Block-sparse attention of one head by ``kernel``: query block ``i`` attends to
+    the key blocks ``j`` where ``layout[i, j]`` (blocks of ``BLOCK`` rows, the last
+    ones ragged). Returns ``(out (L, E), lse (L,))`` like :func:`attention_forward`.
+
+    The layout reaches the kernel compressed by rows: query block ``i``'s key blocks
+    are ``COL_IDX[ROW_PTR[i]:ROW_PTR[i + 1]]`` (int32). ``kernel(Q, K, V, O, LSE,
+    ROW_PTR, COL_IDX, L, S, scale, stride_q, stride_k, stride_v, stride_o, HEAD_DIM:
+    tl.constexpr, BLOCK: tl.constexpr)``, one program per query block;
+    ``record_tiles`` as in :func:`attention_forward`.
+    """
+    fn = "block_sparse_forward"
+    _check_attention(fn, kernel, q, k, v, False, scale)
+    (L, E), S = q.shape, k.shape[0]
+    blocks = (math.ceil(L / BLOCK), math.ceil(S / BLOCK))
+    if not isinstance(layout, torch.Tensor) or layout.dtype != torch.bool:
+        raise TypeError(f"{fn}: layout must be a bool tensor, got {layout!r:.40}")
+    if tuple(layout.shape) != blocks:
+        raise ValueError(
+            f"{fn}: layout must have one row per query block and one column per key "
+            f"block of {BLOCK}, {blocks}, got {tuple(layout.shape)}"
+        )
+    qd, kd, vd = _to_device(q, k, v)
+    counts = layout.sum(1).to(torch.int32)
+    row_ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
+    col_idx = layout.nonzero()[:, 1].to(torch.int32)
+    if col_idx.numel() == 0:
+        col_idx = torch.zeros(1, dtype=torch.int32)  # never read: every row is empty
+    row_ptr, col_idx = _to_device(row_ptr.contiguous(), col_idx.contiguous())
+    scale = 1 / math.sqrt(E) if scale is None else float(scale)
+    out = _guarded(L, E, q.dtype)
+    lse = _guarded(L, None, torch.float32)
+    with _watching(kd, record_tiles) as seen:
+        _launch(kernel, (blocks[0],), fn, qd, kd, vd, out, lse, row_ptr, col_idx, L,
+                S, scale, qd.stride(0), kd.stride(0), vd.stride(0), out.stride(0),
+                HEAD_DIM=E, BLOCK=BLOCK)  # fmt: skip
+    _untouched(out, "out")
+    _untouched(lse, "lse")
+    results = out.to(q.device), lse.to(q.device)
+    return results + (_tile_map(seen, blocks[0], S),) if record_tiles else results
+
+
+@contextlib.contextmanager
+def _watching(k: torch.Tensor, wanted: bool):
+    """:func:`record_loads` of ``K`` when ``wanted`` and interpreting, else nothing."""
+    if not wanted or k.is_cuda:
+        yield None
+        return
+    with record_loads(K=k) as record:
+        yield record
+
+
+def _tile_map(record, programs: int, S: int):
+    """``(programs, key tiles)`` bool: the key tiles each program loaded."""
+    if record is None:
+        return None
+    seen = torch.zeros(programs, math.ceil(S / BLOCK), dtype=torch.bool)
+    for program, tiles in record.tiles("K").items():
+        seen[program[0], tiles] = True
+    return seen
+
+
+@triton.jit
+def _causal_forward_without_bound(
+    Q,
+    K,
+    V,
+    O,
+    LSE,
+    L,
+    S,
+    scale,
+    stride_q,
+    stride_k,
+    stride_v,
+    stride_o,
+    HEAD_DIM: tl.constexpr,
+    CAUSAL: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """See :func:`causal_kernel_without_bound`."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(Q + rows[:, None] * stride_q + dims[None, :], mask=rows[:, None] < L)
+    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    # the bug: the loop has no causal bound, it runs over every key tile
+    for start in range(0, S, BLOCK_N):
+        keys = start + tl.arange(0, BLOCK_N)
+        k = tl.load(
+            K + keys[:, None] * stride_k + dims[None, :], mask=keys[:, None] < S
+        )
+        v = tl.load(
+            V + keys[:, None] * stride_v + dims[None, :], mask=keys[:, None] < S
+        )
+        valid = keys[None, :] < S
+        if CAUSAL:
+            valid = valid & (keys[None, :] <= rows[:, None] + S - L)
+        s = tl.where(valid, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, 1))
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp(s - shift[:, None])
+        alpha = tl.exp(m - shift)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    safe = tl.where(l_i > 0, l_i, 1.0)
+    out = (acc / safe[:, None]).to(O.dtype.element_ty)
+    tl.store(O + rows[:, None] * stride_o + dims[None, :], out, mask=rows[:, None] < L)
+    lse = tl.where(l_i > 0, m + tl.log(safe), float("-inf"))
+    tl.store(LSE + rows, lse, mask=rows < L)
+
+
+def causal_kernel_without_bound():
+    """A deliberately wasteful kernel for :func:`attention_forward`, for the chapter's
+    tile picture: its values are right (the causal mask is applied to every score), but
+    every program walks all the key tiles, the upper triangle included, where no query
+    of its tile sees a key. Returns the ``@triton.jit`` function (its Python source is
+    ``.fn``)."""
+    return _causal_forward_without_bound
+
+
+# --------------------------------------------------------------------------------------
+# Which tiles each program loads
+# --------------------------------------------------------------------------------------
+@dataclass
+class LoadRecord:
+    """What :func:`record_loads` saw: for each load, the program instance ``(x, y,
+    z)``, the tensor's name and the rows it read (the lanes its mask let through)."""
+
+    tensors: dict[str, torch.Tensor]
+    loads: list[tuple[tuple[int, int, int], str, frozenset]] = field(
+        default_factory=list
+    )
+
+    def programs(self) -> list[tuple[int, int, int]]:
+        """The program instances that loaded anything, in launch order."""
+        return list(dict.fromkeys(program for program, _, _ in self.loads))
+
+    def rows(self, name: str) -> dict[tuple[int, int, int], set[int]]:
+        """Per program, the rows of tensor ``name`` it loaded."""
+        if name not in self.tensors:
+            raise ValueError(
+                f"LoadRecord.rows: name must be one of {list(self.tensors)}, got "
+                f"{name!r}"
+            )
+        found = {program: set() for program in self.programs()}
+        for program, which, rows in self.loads:
+            if which == name:
+                found[program] |= rows
+        return found
+
+    def tiles(self, name: str, block: int = BLOCK) -> dict[tuple[int, int, int], list]:
+        """Per program, the tiles of ``block`` rows of tensor ``name`` it touched."""
+        check_int("LoadRecord.tiles", "block", block)
+        return {
+            program: sorted({row // block for row in rows})
+            for program, rows in self.rows(name).items()
+        }
+
+
+def _row_of(tensors: dict[str, torch.Tensor]):
+    """A function from an address to ``(name, row)`` for the named tensors."""
+    spans = []
+    for name, t in tensors.items():
+        start, size = t.data_ptr(), t.element_size()
+        rows, stride = (t.shape[-2], t.stride(-2)) if t.dim() >= 2 else (t.numel(), 1)
+        last = sum((n - 1) * st for n, st in zip(t.shape, t.stride()) if n)
+        spans.append((name, start, start + (last + 1) * size, size, stride, rows))
+
+    def find(address: int):
+        for name, start, end, size, stride, rows in spans:
+            if start <= address < end:
+                return name, ((address - start) // size // stride) % rows
+        return None
+
+    return find
+
+
+@contextlib.contextmanager
+def record_loads(**tensors: torch.Tensor) -> Iterator[LoadRecord]:
+    """Within this block, record every load the Triton interpreter makes from the named
+    CPU ``tensors`` (``record_loads(Q=q, K=k, V=v)``): which program read which rows.
+
+    It wraps the interpreter's load (``interpreter_builder.create_masked_load``), so it
+    works for any kernel launched under ``TRITON_INTERPRET=1`` or by this module's
+    launchers on CPU; the lanes a mask turns off are not loads and are not counted.
+    """
+    for name, t in tensors.items():
+        if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
+            raise TypeError(
+                f"record_loads: {name} must be a CPU tensor (the interpreter's "
+                f"memory), got {t!r:.40}"
+            )
+    if not tensors:
+        raise ValueError("record_loads: name at least one tensor, e.g. K=k")
+    from triton.runtime.interpreter import interpreter_builder
+
+    record, find = LoadRecord(dict(tensors)), _row_of(tensors)
+    original = interpreter_builder.create_masked_load
+    outer = interpreter_builder.__dict__.get("create_masked_load")  # a recorder around
+
+    def load(ptrs, mask, other, *args, **kwargs):
+        seen: dict[str, set] = {}
+        live = ptrs.data.reshape(-1)[mask.data.reshape(-1).astype(bool)]
+        for address in set(live.tolist()):
+            hit = find(int(address))
+            if hit is not None:
+                seen.setdefault(hit[0], set()).add(int(hit[1]))
+        program = tuple(interpreter_builder.grid_idx)
+        for name, rows in seen.items():
+            record.loads.append((program, name, frozenset(rows)))
+        return original(ptrs, mask, other, *args, **kwargs)
+
+    interpreter_builder.create_masked_load = load
+    try:
+        yield record
+    finally:
+        if outer is None:
+            del interpreter_builder.create_masked_load  # back to the class's method
+        else:
+            interpreter_builder.create_masked_load = outer
+
+
+def plot_loads(
+    record: LoadRecord,
+    names: tuple[str, ...] = ("Q", "K", "V"),
+    block: int = BLOCK,
+    title: str | None = None,
+):
+    """One panel per program instance: for each tensor in ``names`` (a column), the
+    share of each tile's rows (a row of the panel, tile 0 on top) the program loaded.
+    Returns the figure."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    if not isinstance(record, LoadRecord):
+        raise TypeError(f"plot_loads: record must be a LoadRecord, got {record!r:.40}")
+    check_int("plot_loads", "block", block)
+    missing = [n for n in names if n not in record.tensors]
+    if missing or not names:
+        raise ValueError(
+            f"plot_loads: names must be among {list(record.tensors)}, got {names!r}"
+        )
+    programs = record.programs()
+    if not programs:
+        raise ValueError("plot_loads: record holds no load (did the kernel run?)")
+    sizes = [record.tensors[n].shape[-2] for n in names]
+    tiles = max(math.ceil(n / block) for n in sizes)
+    rows = {name: record.rows(name) for name in names}
+    fig, axes = plt.subplots(
+        1,
+        len(programs),
+        figsize=(0.9 * len(programs) + 1.2, 2.4),
+        squeeze=False,
+        sharey=True,
+        layout="constrained",
+    )
+    for ax, program in zip(axes[0], programs):
+        share = np.full((tiles, len(names)), np.nan)
+        for col, (name, n) in enumerate(zip(names, sizes)):
+            for tile in range(math.ceil(n / block)):
+                span = range(tile * block, min(n, (tile + 1) * block))
+                share[tile, col] = len(rows[name][program] & set(span)) / len(span)
+        image = ax.imshow(share, cmap="rocket_r" if _has_seaborn() else "Reds",
+                          vmin=0, vmax=1, aspect="auto")  # fmt: skip
+        ax.set_xticks(range(len(names)), names)
+        ax.set_yticks(range(tiles))
+        ax.grid(False)
+        ax.set_title(f"program {program[0]}", fontsize=9)
+    axes[0][0].set_ylabel(f"tile ({block} rows)")
+    fig.colorbar(image, ax=axes[0].tolist(), label="share loaded", shrink=0.8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    return fig
+
+
+def _has_seaborn() -> bool:
+    try:
+        import seaborn  # noqa: F401
+    except ImportError:  # pragma: no cover - seaborn comes with the book's extras
+        return False
+    return True
+
+
+# --------------------------------------------------------------------------------------
+# What the kernel costs on a GPU
+# --------------------------------------------------------------------------------------
+_FLOAT32_POINTERS = ("LSE", "DELTA", "DK", "DV")
+_INT32_POINTERS = ("ROW_PTR", "COL_IDX")
+_SIZES = ("L", "S", "M", "N", "K")  # sizes in capitals, as the formulas write them
+
+
+def variants(source: str, name: str, dtype: str, constexprs: dict) -> list:
+    """(For the compile worker.) Kernel ``name`` defined by ``source`` (which imports
+    ``triton`` and ``triton.language as tl`` itself), as one
+    :class:`~attnbook.kernels.variants.Variant` specialized for ``dtype`` pointers.
+
+    Parameters in capitals are pointers (``LSE``, ``DELTA``, ``DK``, ``DV`` to float32,
+    ``ROW_PTR``, ``COL_IDX`` to int32, the others to ``dtype``) except the sizes ``L``,
+    ``S``, ``M``, ``N`` and (in a kernel without a ``Q``, the matrix product's) ``K``;
+    ``scale`` is a float, the rest are 32-bit integers."""
+    import importlib.util
+    import tempfile
+
+    from .variants import Variant, specialize
+
+    folder = tempfile.mkdtemp(prefix="attnbook-lab-")
+    path = os.path.join(folder, "student_kernel.py")
+    with open(path, "w") as f:
+        f.write("import triton\nimport triton.language as tl\n\n" + source)
+    spec = importlib.util.spec_from_file_location("student_kernel", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    kernel = getattr(module, name)
+    types = {}
+    params = _parameters(kernel)
+    sizes = set(_SIZES) - ({"K"} if ("Q", False) in params else set())
+    for param, is_constexpr in params:
+        if is_constexpr:
+            continue
+        if param in _FLOAT32_POINTERS:
+            types[param] = "*fp32"
+        elif param in _INT32_POINTERS:
+            types[param] = "*i32"
+        elif param.isupper() and param not in sizes:
+            types[param] = "*" + dtype
+        elif param == "scale":
+            types[param] = "fp32"
+    signature, constants, attrs = specialize(kernel, types, constexprs)
+    return [Variant(name, kernel, signature, constants, 4, 2, attrs=attrs)]
+
+
+def _parameters(kernel):
+    from .variants import parameters
+
+    return parameters(kernel)
+
+
+def _compile_worker(source, name, dtype, constexprs, targets):
+    """In a process without the interpreter: compile for every target."""
+    from .compile import compile_variant
+
+    kwargs = {"source": source, "name": name, "dtype": dtype, "constexprs": constexprs}
+    return [compile_variant(__name__, kwargs, 0, cc) for cc in targets]
+
+
+# The compile worker's command: triton is imported before this module, so the module
+# leaves the interpreter off, and the job comes and goes as JSON.
+_WORKER = (
+    "import json, sys\n"
+    "import triton\n"
+    "from attnbook.kernels.lab import _compile_worker\n"
+    "job = json.load(sys.stdin)\n"
+    "json.dump(_compile_worker(**job), sys.stdout)\n"
+)
+
+
+def _check_compile_report(kernel, constexprs, dtype, targets) -> None:
+    from .compile import TARGETS
+
+    if getattr(kernel, "fn", None) is None:
+        raise TypeError(
+            f"compile_report: kernel must be a @triton.jit function, got {kernel!r:.40}"
+        )
+    if not isinstance(constexprs, dict):
+        raise TypeError(
+            f"compile_report: constexprs must be a dict, got {constexprs!r}"
+        )
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(
+            f"compile_report: dtype must be float16, bfloat16 or float32, got {dtype}"
+        )
+    bad = [cc for cc in targets if cc not in TARGETS]
+    if not targets or bad:
+        raise ValueError(
+            f"compile_report: targets must be among {list(TARGETS)}, got {targets!r}"
+        )
+
+
+def compile_report(
+    kernel,
+    constexprs: dict,
+    dtype: torch.dtype = torch.float16,
+    targets: tuple[int, ...] = LAB_TARGETS,
+) -> list:
+    """Compile ``kernel`` (a ``@triton.jit`` function whose source is in a file or a
+    notebook cell) with ``constexprs`` for each GPU generation in ``targets``, without a
+    GPU, and return its :class:`~attnbook.kernels.compile.Resources`: registers, spills
+    and shared memory per target.
+
+    The kernel is compiled in a fresh process without ``TRITON_INTERPRET`` (a process
+    that interprets cannot compile), by :mod:`attnbook.kernels.compile`'s worker; a
+    kernel that does not compile raises ``ValueError`` with Triton's message.
+    """
+    from .compile import Resources
+
+    targets = tuple(targets)
+    _check_compile_report(kernel, constexprs, dtype, targets)
+    python = kernel.fn
+    if "NotImplementedError" in python.__code__.co_names:
+        raise NotImplementedError("the kernel is still the exercise's stub")
+    try:
+        source = inspect.getsource(python)
+    except (OSError, TypeError):
+        raise ValueError(
+            "compile_report: the kernel's source is not available (define it in a "
+            "file or a notebook cell)"
+        ) from None
+    name = python.__name__
+    lines = source.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.lstrip().startswith("@"))
+    source = "\n".join(line[len(lines[start]) - len(lines[start].lstrip()):]
+                       for line in lines[start:]) + "\n"  # fmt: skip
+    short = str(dtype).removeprefix("torch.")
+    triton_dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[short]
+    job = {"source": source, "name": name, "dtype": triton_dtype,
+           "constexprs": dict(constexprs), "targets": list(targets)}  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join([root, env.get("PYTHONPATH", "")]).rstrip(":")
+    run = subprocess.run(
+        [sys.executable, "-c", _WORKER],
+        input=json.dumps(job),
+        capture_output=True,
+        text=True,
+        env=env,
+        check=False,
+    )
+    if run.returncode:
+        last = (run.stderr.strip().splitlines() or ["(no message)"])[-1]
+        raise ValueError(f"compile_report: Triton could not compile the kernel: {last}")
+    done = json.loads(run.stdout)
+    width = int(constexprs.get("HEAD_DIM", constexprs.get("BLOCK", 0)))
+    return [
+        Resources(capability=cc, dtype=short, head_dim=width, **{**row, "config": None})
+        for cc, row in zip(targets, done)
+    ]
+
+
+def format_report(resources: list) -> str:
+    """One line per target: registers per thread, bytes spilled, shared memory, and in
+    plain words whether the kernel would launch there and run from registers."""
+    from .compile import TARGETS, Resources, fits
+
+    if not isinstance(resources, (list, tuple)) or not all(
+        isinstance(r, Resources) for r in resources
+    ):
+        raise TypeError(
+            f"format_report: resources must be a list of Resources (from "
+            f"compile_report), got {resources!r:.60}"
+        )
+    lines = []
+    for r in resources:
+        gpu = TARGETS[r.capability].gpus.split(",")[0].split(" (")[0]
+        head = (
+            f"sm{r.capability} {gpu:<5}{r.registers:>4} registers "
+            f"{r.local + r.stack:>6} B spilled {r.shared / 1024:6.1f} KiB shared: "
+        )
+        ok, why = fits(r)
+        if ok:
+            lines.append(head + "fits")
+        elif r.shared > TARGETS[r.capability].shared:
+            lines.append(head + "WOULD NOT LAUNCH")
+            lines.append(f"    {why}: use smaller tiles")
+        else:
+            lines.append(head + "SPILLS")
+            lines.append(
+                f"    on the {gpu}, registers overflow to slow local memory: smaller "
+                "tiles"
+            )
+    return "\n".join(lines)
+
+
+def time_forward(
+    kernel,
+    seq_len: int = 4096,
+    head_dim: int = 64,
+    is_causal: bool = True,
+    dtype: torch.dtype = torch.float16,
+) -> dict[str, float]:
+    """On a CUDA GPU: milliseconds of ``kernel`` through :func:`attention_forward` and
+    of ``F.scaled_dot_product_attention`` on one head of ``seq_len`` tokens (best of
+    Triton's ``do_bench``); raises ``RuntimeError`` without a GPU."""
+    check_int("time_forward", "seq_len", seq_len)
+    check_int("time_forward", "head_dim", head_dim, 16)
+    check_flag("time_forward", "is_causal", is_causal)
+    if not torch.cuda.is_available():
+        raise RuntimeError("time_forward: timing needs a CUDA GPU")
+    import torch.nn.functional as F
+    from triton.testing import do_bench
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (
+        torch.randn(seq_len, head_dim, device="cuda", dtype=dtype, generator=gen)
+        for _ in range(3)
+    )
+    yours = do_bench(lambda: attention_forward(kernel, q, k, v, is_causal))
+    sdpa = do_bench(
+        lambda: F.scaled_dot_product_attention(
+            q[None], k[None], v[None], is_causal=is_causal
+        )
+    )
+    return {"yours": yours, "sdpa": sdpa}

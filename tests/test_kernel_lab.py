@@ -1,0 +1,248 @@
+"""The kernel lab: its launchers, tile recorder, compile report and checks, and the lab graded
+through the real grader.
+
+The student kernels are the chapter's own solution cells (book/kernel_lab.ipynb), loaded from a
+module file as a student's would be; they run in Triton's interpreter on CPU tensors
+(tests/conftest.py sets ``TRITON_INTERPRET`` without a GPU). The launchers are compared with
+independent references (``torch.softmax``, ``@``, attnbook's attention), the recorder with the
+package's own FlashAttention kernel, the compile report with attnbook.kernels.compile's rule.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import nbformat
+import pytest
+import torch
+
+import attnbook.kernels.lab as lab
+from attnbook import course, grader, sandbox
+from attnbook.core import scaled_dot_product_attention
+from attnbook.exercises import run_check
+from attnbook.kernels.flash_triton import flash_forward
+from test_wrong_answers_kernel_lab import CHAPTER, _SOLUTIONS, wrong_kernel
+
+
+def solution(cell, name):
+    return wrong_kernel(cell, name, [], "solution")
+
+
+SOFTMAX = ("kl-softmax-solution", "softmax_kernel")
+MATMUL = ("kl-matmul-solution", "matmul_kernel")
+FORWARD = ("kl-forward-solution", "attention_kernel")
+BACKWARD = ("kl-backward-solution", "backward_kernel")
+SPARSE = ("kl-sparse-solution", "block_sparse_kernel")
+
+
+# ---------------------------------------------------------------------------------------------
+# The launchers, with the chapter's solutions, against independent references
+# ---------------------------------------------------------------------------------------------
+def test_softmax_launcher_equals_torch_softmax(gen):
+    x = 30 * torch.randn(7, 100, generator=gen)
+    torch.testing.assert_close(lab.softmax(solution(*SOFTMAX), x), torch.softmax(x, -1))
+
+
+def test_matmul_launcher_equals_the_product_on_ragged_shapes(gen):
+    a, b = torch.randn(37, 29, generator=gen), torch.randn(29, 18, generator=gen)
+    torch.testing.assert_close(lab.matmul(solution(*MATMUL), a, b), a @ b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("L, S, causal", [(37, 37, True), (20, 45, True), (45, 20, True), (33, 50, False)])
+def test_attention_launchers_equal_attention_and_its_gradients(gen, L, S, causal):
+    q, k, v = (torch.randn(n, 16, generator=gen, dtype=torch.float64, requires_grad=True) for n in (L, S, S))
+    out = scaled_dot_product_attention(q, k, v, is_causal=causal)
+    grad = torch.randn(L, 16, generator=gen, dtype=torch.float64)
+    out.backward(grad)
+    q32, k32, v32 = (t.detach().float() for t in (q, k, v))
+    got, lse = lab.attention_forward(solution(*FORWARD), q32, k32, v32, causal)
+    torch.testing.assert_close(got.double(), out.detach(), atol=1e-5, rtol=1e-5)
+    dk, dv = lab.attention_backward(solution(*BACKWARD), q32, k32, v32, got, lse, grad.float(), causal)
+    torch.testing.assert_close(dk.double(), k.grad, atol=1e-5, rtol=1e-4)
+    torch.testing.assert_close(dv.double(), v.grad, atol=1e-5, rtol=1e-4)
+
+
+def test_block_sparse_launcher_equals_block_sparse_attention(gen):
+    from attnbook.sparse import block_sparse_attention
+
+    q, k, v = (torch.randn(n, 16, generator=gen) for n in (40, 50, 50))
+    layout = torch.tensor([[1, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 0]], dtype=torch.bool)
+    out, lse = lab.block_sparse_forward(solution(*SPARSE), q, k, v, layout)
+    torch.testing.assert_close(out, block_sparse_attention(q, k, v, layout, 16), atol=1e-5, rtol=1e-5)
+    assert torch.all(out[32:] == 0) and torch.all(lse[32:] == float("-inf"))  # an empty row
+
+
+def test_a_kernel_defined_without_the_interpreter_still_runs_on_cpu(gen):
+    """A student who imported triton before the lab gets a compiled-mode kernel: the launcher
+    re-wraps it for the interpreter."""
+    from triton.runtime.jit import JITFunction
+
+    compiled = JITFunction(solution(*SOFTMAX).fn)
+    x = torch.randn(3, 10, generator=gen)
+    torch.testing.assert_close(lab.softmax(compiled, x), torch.softmax(x, -1))
+
+
+def test_a_kernel_without_source_runs_and_passes_its_check():
+    """tests/test_exercises.py executes solution cells with exec: Triton then has no source, and
+    the interpreter runs the function as it is."""
+    namespace = {}
+    exec("import triton\nimport triton.language as tl\n" + _SOLUTIONS[FORWARD[0]], namespace)
+    partial = functools.partial(lab.attention_forward, namespace[FORWARD[1]])
+    assert run_check("kernel-lab-attention-forward", partial).passed
+
+
+def test_a_stub_is_not_attempted_and_compiles_to_nothing():
+    stub = course.strip_solutions(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(_SOLUTIONS[SOFTMAX[0]])]))
+    namespace = {}
+    exec("import triton\nimport triton.language as tl\n" + stub.cells[0].source, namespace)
+    result = run_check("kernel-lab-softmax", functools.partial(lab.softmax, namespace["softmax_kernel"]))
+    assert not result.passed and "not attempted" in result.message
+    with pytest.raises(NotImplementedError):
+        lab.compile_report(namespace["softmax_kernel"], {"BLOCK": 128})
+
+
+@pytest.mark.parametrize("cell, name, label, launcher", [
+    (*SOFTMAX, "kernel-lab-softmax", lab.softmax), (*MATMUL, "kernel-lab-matmul", lab.matmul),
+    (*FORWARD, "kernel-lab-attention-forward", lab.attention_forward),
+    (*BACKWARD, "kernel-lab-attention-backward", lab.attention_backward),
+    (*SPARSE, "kernel-lab-block-sparse", lab.block_sparse_forward)])  # fmt: skip
+def test_each_check_accepts_the_chapters_solution_on_fresh_inputs(cell, name, label, launcher):
+    from attnbook.exercises.common import fresh_inputs
+
+    with fresh_inputs(2**40 + 11):
+        assert run_check(label, functools.partial(launcher, solution(cell, name))).passed
+
+
+# ---------------------------------------------------------------------------------------------
+# The tile recorder and its picture
+# ---------------------------------------------------------------------------------------------
+def test_recorder_sees_the_packages_causal_kernel_skip_the_upper_triangle(gen):
+    q, k, v = (torch.randn(1, 1, 96, 16, generator=gen) for _ in range(3))
+    with lab.record_loads(Q=q, K=k, V=v) as record:
+        flash_forward(q, k, v, is_causal=True)
+    block = 32  # the package's tile under the interpreter
+    assert record.tiles("K", block) == {(i, 0, 0): list(range(i + 1)) for i in range(3)}
+    assert record.tiles("Q", block) == {(i, 0, 0): [i] for i in range(3)}
+    with lab.record_loads(K=k) as dense:
+        flash_forward(q, k, v, is_causal=False)
+    assert all(tiles == [0, 1, 2] for tiles in dense.tiles("K", block).values())
+
+
+def test_recorder_counts_only_the_lanes_a_mask_lets_through(gen):
+    x = torch.randn(3, 37, generator=gen)  # BLOCK = 64: 27 masked lanes per row
+    with lab.record_loads(X=x) as record:
+        lab.softmax(solution(*SOFTMAX), x)
+    assert record.rows("X") == {(r, 0, 0): {r} for r in range(3)}
+    assert len(record.loads) == 3
+
+
+def test_launcher_reports_the_key_tiles_each_program_loaded(gen):
+    q, k, v = (torch.randn(48, 16, generator=gen) for _ in range(3))
+    *_, tiles = lab.attention_forward(solution(*FORWARD), q, k, v, True, record_tiles=True)
+    assert torch.equal(tiles, torch.ones(3, 3, dtype=torch.bool).tril())
+    *_, tiles = lab.attention_forward(lab.causal_kernel_without_bound(), q, k, v, True, record_tiles=True)
+    assert tiles.all()
+
+
+def test_plot_loads_draws_one_panel_per_program(gen):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    q, k, v = (torch.randn(40, 16, generator=gen) for _ in range(3))
+    with lab.record_loads(Q=q, K=k, V=v) as record:
+        lab.attention_forward(solution(*FORWARD), q, k, v, True)
+    fig = lab.plot_loads(record, title="causal")
+    images = [ax for ax in fig.axes if ax.images and ax.get_title().startswith("program")]
+    assert len(images) == 3  # three query tiles of 16, the last ragged
+    last = images[-1].images[0].get_array()
+    assert last[0, 1] == 1 and last[2, 1] == 8 / 8  # the last program loads the ragged tile too
+    first = images[0].images[0].get_array()
+    assert first[0, 1] == 1 and first[1, 1] == 0 and first[0, 0] == 1 and first[1, 0] == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# The compile report
+# ---------------------------------------------------------------------------------------------
+def test_compile_report_compiles_for_the_three_gpus_and_agrees_with_fits():
+    from attnbook.kernels.compile import fits
+
+    report = lab.compile_report(solution(*FORWARD), {"HEAD_DIM": 64, "CAUSAL": True, "BLOCK_M": 64,
+                                                     "BLOCK_N": 64}, torch.float16)
+    assert [r.capability for r in report] == [75, 80, 90]
+    assert all(r.registers > 0 and r.shared > 0 and r.dtype == "float16" for r in report)
+    text = lab.format_report(report).splitlines()
+    verdicts = [line for line in text if line.startswith("sm")]
+    assert len(verdicts) == 3
+    for r, line in zip(report, verdicts):
+        assert line.endswith("fits") == fits(r)[0]
+    assert all(len(line) <= 86 for line in text)
+
+
+def test_format_report_says_when_a_kernel_would_not_launch():
+    from attnbook.kernels.compile import Resources
+
+    big = Resources("k", "k", 75, "float16", 128, 96 * 1024, 128, 0, 0)
+    spill = Resources("k", "k", 80, "float16", 128, 1024, 255, 64, 0)
+    text = lab.format_report([big, spill])
+    assert "WOULD NOT LAUNCH" in text and "64 KiB per block" in text and "SPILLS" in text
+
+
+# ---------------------------------------------------------------------------------------------
+# Through the grader: solved, blank, and a kernel that never stops
+# ---------------------------------------------------------------------------------------------
+def test_the_grader_scores_a_solved_a_blank_and_a_looping_lab(tmp_path):
+    from test_grading_chapters import cut
+
+    nb = cut(nbformat.read(CHAPTER, as_version=4))
+    book, subs = tmp_path / "book", tmp_path / "subs"
+    book.mkdir()
+    nbformat.write(nb, book / CHAPTER.name)
+    looping = nbformat.reads(nbformat.writes(nb), as_version=4)
+    for cell in looping.cells:
+        if cell.id == FORWARD[0]:  # forgets `start += BLOCK_N`: the loop never ends
+            cell.source = cell.source.replace(
+                "    for start in range(0, hi, BLOCK_N):\n", "    start = 0\n    while start < hi:\n")
+            assert "while start < hi" in cell.source
+    for student, version in [("solved", nb), ("blank", course.strip_solutions(nb)), ("looping", looping)]:
+        (subs / student).mkdir(parents=True)
+        nbformat.write(version, subs / student / CHAPTER.name)
+    rows = grader.grade([subs], tmp_path / "grades.csv", book_dir=book, jobs=2, isolation="none",
+                        limits=sandbox.Limits(cell_timeout=15, notebook_timeout=400))
+    by = {(r["student"], r["label"]): r for r in rows if r["label"] != "*"}
+    labels = [label for student, label in by if student == "solved"]
+    assert len(labels) == 5
+    assert all(by["solved", label]["status"] == "passed" for label in labels), rows
+    assert all(by["blank", label]["status"] == "failed" and "not attempted" in by["blank", label]["message"]
+               for label in labels)
+    stuck = by["looping", "kernel-lab-attention-forward"]
+    assert stuck["passed"] == 0 and "ran longer than" in stuck["message"], stuck
+    for label in labels:  # the kernel survived the interrupt: the other checks still ran
+        if label != "kernel-lab-attention-forward":
+            assert by["looping", label]["status"] == "passed", by["looping", label]
+    errors = [r["message"] for r in rows if r["label"] == "*" and r["status"] == "error"]
+    assert not errors, errors
+    assert os.path.exists(tmp_path / "gradebook.csv")
+
+
+def test_inputs_move_to_the_gpu_with_their_guard_band(gen):
+    """On a GPU the launchers copy a view's whole storage, so the NaN band around a check's
+    input stays where a kernel that reads too far finds it (shown here with the meta device)."""
+    room = torch.full((6, 8), float("nan"))
+    room[:4, :5] = torch.randn(4, 5, generator=gen)
+    view = room[:4, :5]
+    moved = lab._moved(view, torch.device("meta"))
+    assert moved.shape == view.shape and moved.stride() == view.stride() == (8, 1)
+    assert moved.untyped_storage().nbytes() == room.untyped_storage().nbytes()
+    assert lab._moved(view, torch.device("cpu")) is view
+
+
+def test_recorders_nest(gen):
+    q, k, v = (torch.randn(32, 16, generator=gen) for _ in range(3))
+    with lab.record_loads(K=k) as outer:
+        with lab.record_loads(Q=q) as inner:
+            lab.attention_forward(solution(*FORWARD), q, k, v, True)
+        lab.attention_forward(solution(*FORWARD), q, k, v, True)
+    assert inner.tiles("Q") == {(0, 0, 0): [0], (1, 0, 0): [1]}
+    assert len(outer.loads) == 2 * 3  # both launches: 1 + 2 key tiles each
+    assert outer.tiles("K") == {(0, 0, 0): [0], (1, 0, 0): [0, 1]}
