@@ -14,12 +14,13 @@ TORCH_INDEX   ?=
 export OMP_NUM_THREADS ?= 1
 JOBS   ?= 2
 
-.PHONY: help install book test test-fast student clean release links pdf
+.PHONY: help install book test test-fast test-grading student clean release links pdf
 
 help:
 	@echo "make book   build the website into _build/html (creates $(VENV), executes every chapter)"
 	@echo "make test   build the book, then run all tests: package, Triton interpreter, course kit, chapters, browser"
 	@echo "make test-fast   package tests only (no notebooks, no browser)"
+	@echo "make test-grading   every chapter under nbgrader autograde in a venv from the grading extra"
 	@echo "make student     write the student bundle (solutions stripped) into student/"
 	@echo "make release VERSION=X.Y.Z   set the version and pin every install cell (maintainers)"
 	@echo "make links       point every link at _config.yml's repository.url (a fork runs this once)"
@@ -29,7 +30,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==$(TORCH_VERSION) $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
-	$(BIN)/python -m pip install -q -e ".[book,course,test,gpu]"
+	$(BIN)/python -m pip install -q -e ".[book,course,grading,test,gpu]"
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 --display-name "Python 3 (attnbook)" >/dev/null
 	touch $(STAMP)
 
@@ -46,10 +47,18 @@ pdf: book
 	$(BIN)/python tools/pdf.py
 
 test: book
-	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile tests
+	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not every_chapter" tests
+
+# Every chapter once more, under nbgrader's autograde, in a fresh environment holding only the
+# `grading` extra: the proof that a grading kernel lacks nothing (about 10 CPU-minutes, so it
+# runs before every release and on demand, not on every push).
+test-grading: $(STAMP)
+	$(BIN)/python -m pytest -m every_chapter -s tests/test_nbgrader.py
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) tests --ignore=tests/test_site.py --ignore=tests/test_course.py --ignore=tests/test_outputs.py
+	$(BIN)/python -m pytest -n $(JOBS) tests -m "not every_chapter" --ignore=tests/test_site.py \
+	  --ignore=tests/test_course.py --ignore=tests/test_outputs.py --ignore=tests/test_pdf.py \
+	  --ignore=tests/test_colab_path.py --ignore=tests/test_nbgrader.py --ignore=tests/test_otter.py
 
 student: $(STAMP)
 	$(BIN)/python -m attnbook.course student student

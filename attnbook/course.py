@@ -11,10 +11,12 @@ nbgrader's markers, followed by a check cell::
 
     attnbook.exercises.check("attention-masked-softmax", my_softmax)   # the check cell
 
-Three commands turn the book into a course::
+Four commands turn the book into a course::
 
     python -m attnbook.course student OUTDIR [--book book]
     python -m attnbook.course nbgrader SOURCE_DIR [--book book] [--points P]
+        [--timings DIR]
+    python -m attnbook.course otter OUTDIR [--book book] [--points P]
     python -m attnbook.course grade SUBMISSIONS... [--book book] [--out grades.csv]
         [--jobs N] [--timeout 120] [--notebook-timeout 1800] [--memory 6]
         [--output-limit 20] [--require-sandbox | --no-sandbox] [--feedback DIR]
@@ -27,7 +29,9 @@ submission from the book's chapter with only the student's answer cells, runs it
 kernel under limits, and runs the checks in its own process on new inputs (see
 :mod:`attnbook.grader` for how, and :mod:`attnbook.sandbox` for the limits); it writes
 one CSV row per student, notebook and check, a gradebook with points per chapter, and
-one Markdown feedback file per student.
+one Markdown feedback file per student. ``nbgrader`` and ``otter`` export the chapters
+to the two graders instructors already run: nbgrader (JupyterHub) and otter-grader
+(Gradescope); see :func:`nbgrader_source` and :func:`otter_master`.
 
 nbformat, jupyter_client and pyzmq come with the ``course`` extra: ``pip install
 "attnbook[course]"``.
@@ -36,7 +40,9 @@ nbformat, jupyter_client and pyzmq come with the ``course`` extra: ``pip install
 from __future__ import annotations
 
 import argparse
+import ast
 import copy
+import math
 import re
 import sys
 import time
@@ -44,7 +50,7 @@ from pathlib import Path
 
 from . import grader, sandbox
 from .grader import CHECK_CALL as _CHECK_CALL
-from .grader import _require, grade, write_feedback
+from .grader import _require, grade, write_feedback  # noqa: F401 (re-exported)
 
 __all__ = [
     "strip_solutions",
@@ -52,6 +58,12 @@ __all__ = [
     "nbgrader_source",
     "make_nbgrader_source",
     "expected_labels",
+    "written_exercises",
+    "slowest_cell",
+    "cell_timeout",
+    "nbgrader_config",
+    "otter_master",
+    "make_otter_masters",
     "main",
 ]
 
@@ -221,10 +233,8 @@ def make_student_bundle(book_dir="book", out_dir="student") -> list[Path]:
     Returns the paths written, notebooks first (sorted), then ``README.md``.
     """
     nbformat = _require("nbformat")
-    book_dir, out_dir = Path(book_dir), Path(out_dir)
-    notebooks = sorted(book_dir.glob("*.ipynb"))
-    if not notebooks:
-        raise ValueError(f"book_dir {str(book_dir)!r} has no *.ipynb notebooks")
+    notebooks = _chapters(book_dir)
+    out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for path in notebooks:
@@ -238,9 +248,187 @@ def make_student_bundle(book_dir="book", out_dir="student") -> list[Path]:
 
 
 # --------------------------------------------------------------------------------------
+# Exercises as the graders see them: checks, written answers, the slowest cells
+# --------------------------------------------------------------------------------------
+# The opening line of an exercise and its label option
+_EXERCISE_OPEN = re.compile(r"^\s*(?P<fence>`{3,}|:{3,})\s*\{exercise\}")
+_LABEL = re.compile(r"^\s*:label:\s*(?P<label>\S+)")
+
+
+def _chapters(book_dir) -> list[Path]:
+    """The chapter notebooks of ``book_dir``, sorted; a ``ValueError`` that says where
+    to point ``--book`` when there are none."""
+    notebooks = sorted(Path(book_dir).glob("*.ipynb"))
+    if not notebooks:
+        raise ValueError(
+            f"book_dir {str(book_dir)!r} has no *.ipynb notebooks: pass the book/ "
+            "folder of a clone of the book's repository (--book path/to/book)"
+        )
+    return notebooks
+
+
+def _directives(source: str, opening: re.Pattern) -> list[tuple[str, str, str]]:
+    """``(argument, label, body)`` of each directive of ``source`` whose opening line
+    matches ``opening``: the text after ``{name}``, its ``:label:`` option ('' if
+    none), and the text between the fences without the options."""
+    found, lines, index = [], source.split("\n"), 0
+    while index < len(lines):
+        match = opening.match(lines[index])
+        index += 1
+        if not match:
+            continue
+        fence, label, body = match["fence"], "", []
+        closing = re.compile(rf"\s*{re.escape(fence[0])}{{{len(fence)},}}\s*")
+        while index < len(lines) and not closing.fullmatch(lines[index]):
+            option = _LABEL.match(lines[index])
+            if option:
+                label = option["label"]
+            elif body or not re.match(r"^\s*:\w[\w-]*:", lines[index]):
+                body.append(lines[index])
+            index += 1
+        index += 1  # the closing fence
+        argument = match.string[match.end() :].strip()
+        found.append((argument, label, "\n".join(body).strip("\n")))
+    return found
+
+
+def written_exercises(nb) -> dict[str, str]:
+    """The exercises of ``nb`` that no ``check(...)`` cell grades: label -> the model
+    answer written in the chapter's ``{solution}`` directive ('' if it has none), in
+    order of appearance."""
+    checked = set(expected_labels(nb))
+    exercises, solutions = [], {}
+    for cell in nb.cells:
+        if cell.cell_type != "markdown":
+            continue
+        exercises += [lab for _, lab, _ in _directives(cell.source, _EXERCISE_OPEN)]
+        for argument, _, body in _directives(cell.source, _SOLUTION_OPEN):
+            solutions[argument] = "\n\n".join(
+                filter(None, [solutions.get(argument), body])
+            )
+    return {
+        label: solutions.get(label, "") for label in exercises if label not in checked
+    }
+
+
+def _exercise_points(nb, label: str, points: float | None = None) -> float:
+    """``points`` if given, else the label's points in ``metadata.attnbook.points``
+    (1 where the chapter lists none)."""
+    if points is not None:
+        return points
+    return nb.metadata.get("attnbook", {}).get("points", {}).get(label, 1)
+
+
+def slowest_cell(nb) -> tuple[float, str | None]:
+    """``(seconds, cell id)`` of the slowest code cell of an *executed* notebook ``nb``,
+    from the timestamps nbclient records in each cell's ``metadata.execution``
+    (``iopub.execute_input`` to ``shell.execute_reply``); ``(0.0, None)`` when no
+    cell has them."""
+    from datetime import datetime
+
+    best: tuple[float, str | None] = (0.0, None)
+    for cell in nb.cells:
+        stamps = cell.get("metadata", {}).get("execution", {})
+        if "iopub.execute_input" in stamps and "shell.execute_reply" in stamps:
+            start, end = (
+                datetime.fromisoformat(stamps[key].replace("Z", "+00:00"))
+                for key in ("iopub.execute_input", "shell.execute_reply")
+            )
+            seconds = (end - start).total_seconds()
+            if seconds > best[0]:
+                best = (seconds, cell.get("id"))
+    return best
+
+
+# The slowest cell of each chapter, in seconds, measured with slowest_cell() on the
+# chapters executed one at a time by nbclient with one PyTorch thread, on a 2-core CPU
+# that other jobs kept busy (load average 4-6), so about 2-3 times what an idle machine
+# takes (2026-11-25). `python -m attnbook.course nbgrader --timings DIR` measures them
+# again from notebooks executed where you grade.
+SLOWEST_CELL = {
+    "attention": 8.5,
+    "complexity": 24.8,
+    "connections": 9.2,
+    "distributed": 55.2,
+    "flash": 6.9,
+    "graph_attention": 9.6,
+    "kernel_lab": 7.9,
+    "kv_cache": 23.2,
+    "linear": 4.1,
+    "positional": 112.1,
+    "rnn_attention": 20.6,
+    "serving": 41.2,
+    "sparse": 11.3,
+    "transformer": 69.8,
+    "vision_attention": 28.4,
+}
+# A grading machine runs several kernels at once, and a student's answer may be slower
+# than the book's: a cell may take this many times the slowest cell measured, and never
+# less than the book's own grader allows a cell.
+TIMEOUT_MARGIN = 4
+MIN_CELL_TIMEOUT = sandbox.Limits().cell_timeout
+
+
+def cell_timeout(slowest: dict[str, float]) -> int:
+    """Seconds per cell for chapters whose slowest cells took ``slowest`` (chapter ->
+    seconds): ``TIMEOUT_MARGIN`` times the slowest, rounded up to 10 s, at least
+    ``MIN_CELL_TIMEOUT``."""
+    worst = max(slowest.values(), default=0.0)
+    return max(int(MIN_CELL_TIMEOUT), 10 * math.ceil(TIMEOUT_MARGIN * worst / 10))
+
+
+NBGRADER_CONFIG = """\
+# nbgrader settings for the chapters of "Attention, from first principles to GPU
+# kernels", written by `python -m attnbook.course nbgrader` (attnbook {version}).
+# Copy this file into your nbgrader course folder, or add its lines to the
+# nbgrader_config.py there.
+import os
+
+c = get_config()  # noqa: F821 (nbgrader defines it)
+
+# Seconds per cell under `nbgrader autograde` and `validate`. nbgrader's default, 30 s,
+# is too short: the slowest cell of these chapters took {worst:.1f} s ({chapter}) on a
+# 2-core CPU with one PyTorch thread; this is {margin} times that, at least {floor:g} s.
+c.Execute.timeout = {timeout}
+
+# The kernel that runs the notebooks needs attnbook and every package its chapters
+# import (scikit-learn, networkx, triton, ...): install them where the kernel runs,
+#   pip install "attnbook[grading] @ git+{url}@v{version}"
+# One PyTorch thread per kernel: the chapters' models are tiny, and two threads per
+# kernel on a shared machine made them 10-30 times slower. Kernels inherit this.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+"""
+REPOSITORY = "https://github.com/attnbook/attention-book"
+
+
+def nbgrader_config(slowest: dict[str, float]) -> str:
+    """The text of an ``nbgrader_config.py`` for chapters whose slowest cells took
+    ``slowest`` (chapter -> seconds): ``Execute.timeout`` from :func:`cell_timeout`,
+    the kernel's environment documented, one PyTorch thread."""
+    from . import __version__
+
+    chapter = max(slowest, key=slowest.get) if slowest else "no chapter"
+    return NBGRADER_CONFIG.format(
+        version=__version__,
+        worst=slowest.get(chapter, 0.0),
+        chapter=chapter,
+        margin=TIMEOUT_MARGIN,
+        floor=MIN_CELL_TIMEOUT,
+        timeout=cell_timeout(slowest),
+        url=REPOSITORY,
+    )
+
+
+# --------------------------------------------------------------------------------------
 # nbgrader source notebooks
 # --------------------------------------------------------------------------------------
 NBGRADER_SCHEMA = 3
+# What a test cell runs: the check prints its verdict, and a failed one raises with it,
+# so `nbgrader validate` and the feedback show the check's own message and hint.
+NBGRADER_TEST = "_verdict = {call}\nassert _verdict, _verdict.message"
+WRITTEN_PROMPT = (
+    "**Your answer to the written exercise `{label}`** ({points:g} {unit}):"
+)
 
 
 def _nbgrader_meta(
@@ -264,6 +452,29 @@ def _nbgrader_meta(
     return meta
 
 
+def _one_check_call(cell, where: str) -> tuple[str, str] | None:
+    """``(label, answer expression)`` of a check cell that is one ``check("label",
+    answer)`` call (on one line or several), None for a cell with no check;
+    ``ValueError`` for anything else (it could not become a test safely)."""
+    if not _CHECK_CALL.search(cell.source):
+        return None
+    try:
+        body = ast.parse(cell.source).body
+    except SyntaxError:
+        body = []
+    call = body[0].value if len(body) == 1 and isinstance(body[0], ast.Expr) else None
+    if (
+        not isinstance(call, ast.Call)
+        or len(call.args) != 2
+        or call.keywords
+        or not isinstance(call.args[0], ast.Constant)
+    ):
+        raise ValueError(
+            f"{where}: a check cell must be one check(...) call to become a test"
+        )
+    return call.args[0].value, ast.unparse(call.args[1])
+
+
 def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
     """The nbgrader *source* version of chapter ``nb`` (not modified), for ``nbgrader
     generate_assignment``.
@@ -274,25 +485,47 @@ def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
     - each check cell ``attnbook.exercises.check("label", f)`` becomes an *autograder
       tests* cell worth ``points``, by default the label's points in the chapter's
       metadata (``metadata.attnbook.points``, 1 if absent): ``grade: true``,
-      ``locked: true``, ``grade_id`` = the label; its call is wrapped in ``assert``,
-      so a failed check raises and nbgrader counts it;
+      ``locked: true``, ``grade_id`` = the label; it runs the check and raises
+      ``AssertionError`` with the check's verdict and hint when it fails (see
+      ``NBGRADER_TEST``), so nbgrader counts it and shows the student why;
+    - each written exercise (one no check grades) gets a *manually graded answer*
+      markdown cell after it, worth the label's points in the metadata (1 if absent),
+      ``grade_id`` = the label; it holds the chapter's model answer, which
+      ``generate_assignment`` replaces by "YOUR ANSWER HERE";
     - written ``{solution}`` directives are removed from markdown (nbgrader would
       release them);
     - outputs are cleared.
 
     Raises ``ValueError`` naming ``name`` and the cell for a check cell that is not a
-    single ``check(...)`` call (it could not be wrapped safely) or for unbalanced
-    markers.
+    single ``check(...)`` call or for unbalanced markers.
     """
+    nbformat = _require("nbformat")
     source = copy.deepcopy(nb)
-    given = nb.metadata.get("attnbook", {}).get("points", {})
+    written = written_exercises(nb)
     cells, pending = [], None  # pending: the last solution cell, waiting for its check
     for index, cell in enumerate(source.cells):
         where = f"{name}, cell {index}"
         if cell.cell_type == "markdown":
+            labels = [lab for _, lab, _ in _directives(cell.source, _EXERCISE_OPEN)]
             cell.source = _strip_written_solutions(cell.source)
             if cell.source.strip():
                 cells.append(cell)
+            for label in (label for label in labels if label in written):
+                worth = _exercise_points(nb, label)
+                answer = nbformat.v4.new_markdown_cell(
+                    WRITTEN_PROMPT.format(
+                        label=label,
+                        points=worth,
+                        unit="point" if worth == 1 else "points",
+                    )
+                    + "\n\n"
+                    + (written[label] or "(The book gives no model answer.)"),
+                    id=f"{label}-answer"[:64],
+                )
+                answer.metadata["nbgrader"] = _nbgrader_meta(
+                    label, solution=True, grade=True, locked=False, points=worth
+                )
+                cells.append(answer)
             continue
         if cell.cell_type != "code":
             cells.append(cell)
@@ -300,7 +533,7 @@ def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
         cell.outputs, cell.execution_count = [], None
         cell.metadata.pop("execution", None)
         tags = cell.metadata.get("tags", [])
-        calls = list(_CHECK_CALL.finditer(cell.source))
+        check = _one_check_call(cell, where)
         if "solution" in tags:
             if not _strip_code(cell.source, where)[1]:
                 raise ValueError(
@@ -311,23 +544,15 @@ def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
                 f"cell-{index}", solution=True, grade=False, locked=False
             )
             pending = cell
-        elif calls:
-            line = cell.source.strip()
-            if len(calls) != 1 or "\n" in line or not line.endswith(")"):
-                raise ValueError(
-                    f"{where}: a check cell must be one check(...) call to become an "
-                    "nbgrader test"
-                )
-            label = calls[0][2]
-            cell.source = (
-                f"assert {line}, 'the check above failed: read its message and hint'"
-            )
+        elif check is not None:
+            label = check[0]
+            cell.source = NBGRADER_TEST.format(call=cell.source.strip())
             cell.metadata["nbgrader"] = _nbgrader_meta(
                 label,
                 solution=False,
                 grade=True,
                 locked=True,
-                points=given.get(label, 1) if points is None else points,
+                points=_exercise_points(nb, label, points),
             )
             if pending is not None:
                 pending.metadata["nbgrader"]["grade_id"] = f"{label}-answer"
@@ -338,18 +563,21 @@ def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
 
 
 def make_nbgrader_source(
-    book_dir="book", out_dir="source", points: float | None = None
+    book_dir="book",
+    out_dir="source",
+    points: float | None = None,
+    timings_dir=None,
 ) -> list[Path]:
-    """Write ``out_dir/<chapter>/<chapter>.ipynb`` for every ``book_dir/*.ipynb``:
-    nbgrader's layout, one assignment per chapter (see :func:`nbgrader_source`). Returns
-    the paths written."""
+    """Write ``out_dir/<chapter>/<chapter>.ipynb`` for every ``book_dir/*.ipynb``
+    (nbgrader's layout, one assignment per chapter; see :func:`nbgrader_source`) and
+    ``out_dir/nbgrader_config.py`` (:func:`nbgrader_config`), its cell timeout from
+    the slowest cells in ``SLOWEST_CELL``, or measured with :func:`slowest_cell` on the
+    executed notebooks of the same names in ``timings_dir``. Returns the paths
+    written, the config last."""
     nbformat = _require("nbformat")
-    book_dir, out_dir = Path(book_dir), Path(out_dir)
-    notebooks = sorted(book_dir.glob("*.ipynb"))
-    if not notebooks:
-        raise ValueError(f"book_dir {str(book_dir)!r} has no *.ipynb notebooks")
-    written = []
-    for path in notebooks:
+    out_dir = Path(out_dir)
+    written, slowest = [], {}
+    for path in _chapters(book_dir):
         target = out_dir / path.stem / path.name
         target.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(
@@ -357,6 +585,205 @@ def make_nbgrader_source(
                 nbformat.read(path, as_version=4), name=path.name, points=points
             ),
             target,
+        )
+        written.append(target)
+        if timings_dir is None:
+            slowest[path.stem] = SLOWEST_CELL.get(path.stem, 0.0)
+        else:
+            executed = Path(timings_dir) / path.name
+            if not executed.is_file():
+                raise ValueError(
+                    f"timings_dir {str(timings_dir)!r} has no executed {path.name}"
+                )
+            seconds = slowest_cell(nbformat.read(executed, as_version=4))[0]
+            if not seconds:
+                raise ValueError(
+                    f"{executed}: no cell has execution timestamps (execute it with "
+                    "nbclient or nbgrader, which record them)"
+                )
+            slowest[path.stem] = seconds
+    config = out_dir / "nbgrader_config.py"
+    config.write_text(nbgrader_config(slowest))
+    written.append(config)
+    return written
+
+
+# --------------------------------------------------------------------------------------
+# otter-grader master notebooks (Gradescope)
+# --------------------------------------------------------------------------------------
+OTTER_CONFIG = """\
+# ASSIGNMENT CONFIG
+name: {name}
+requirements: requirements.txt
+init_cell: false
+check_all_cell: false
+export_cell: false
+run_tests: false
+generate:
+  pdf: false
+  show_stdout: true
+"""
+# The test of a coding exercise: the book's check, without its printed line, on the
+# answer; a failure raises with the check's verdict and hint. It is public, so
+# Gradescope shows the verdict as soon as a student submits (it holds no secret).
+OTTER_TEST = (
+    '_verdict = attnbook.exercises.run_check("{label}", {answer})\n'
+    "assert _verdict, _verdict.message"
+)
+OTTER_REQUIREMENTS = """\
+# What the Gradescope image installs for these chapters (written by `python -m
+# attnbook.course otter`): the CPU build of PyTorch, and attnbook with every package
+# its chapters import.
+--extra-index-url https://download.pytorch.org/whl/cpu
+attnbook[grading] @ git+{url}@v{version}
+"""
+
+
+def _raw(source: str):
+    return _require("nbformat").v4.new_raw_cell(source)
+
+
+def otter_master(nb, name: str = "notebook", points: float | None = None):
+    """The otter-grader *master* notebook of chapter ``nb`` (not modified), for ``otter
+    assign`` (otter's notebook format v1), which writes the student notebook and the
+    Gradescope autograder zip.
+
+    - a first raw cell holds the assignment config (``OTTER_CONFIG``: the chapter's
+      name, ``requirements.txt`` beside the notebook, no otter cells in the student
+      notebook, no PDF);
+    - each coding exercise becomes a question named by its label, worth ``points``
+      (by default the label's points in ``metadata.attnbook.points``, 1 if absent):
+      its prompt is the exercise's markdown, its solution the answer cell (otter
+      replaces the block between the markers by ``...``), its one public test
+      ``OTTER_TEST``, and no otter check cell: the chapter's own check cell stays in
+      the question, so a student sees its verdict while working, without otter;
+    - each written exercise becomes a manually graded question (``manual: true``) whose
+      solution is a markdown cell with the chapter's model answer;
+    - written ``{solution}`` directives are removed and outputs are cleared.
+
+    Raises ``ValueError`` naming ``name`` and the cell for a check cell that is not a
+    single ``check(...)`` call, for unbalanced markers, or for an exercise cell that
+    holds two exercises.
+    """
+    nbformat = _require("nbformat")
+    source = copy.deepcopy(nb)
+    written = written_exercises(nb)
+    cells = [_raw(OTTER_CONFIG.format(name=Path(name).stem))]
+    opened = None  # the question open in `cells` (its label), None between questions
+    for index, cell in enumerate(source.cells):
+        where = f"{name}, cell {index}"
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+            cell.metadata.pop("execution", None)
+            check = _one_check_call(cell, where)
+            if "solution" in cell.metadata.get("tags", []):
+                marked = cell.source.replace(BEGIN, "# BEGIN SOLUTION")
+                if not _strip_code(cell.source, where)[1]:
+                    raise ValueError(
+                        f"{where}: tagged 'solution' but has no {BEGIN} / {END} block"
+                    )
+                cell.source = marked.replace(END, "# END SOLUTION")
+                cells += [_raw("# BEGIN SOLUTION"), cell, _raw("# END SOLUTION")]
+                continue
+            cells.append(cell)
+            if check is not None:
+                label, answer = check
+                if opened != label:
+                    raise ValueError(
+                        f"{where}: check {label!r} has no exercise before it"
+                    )
+                cells += [
+                    _raw("# BEGIN TESTS"),
+                    nbformat.v4.new_code_cell(
+                        OTTER_TEST.format(label=label, answer=answer),
+                        id=f"{label}-test"[:64],
+                    ),
+                    _raw("# END TESTS"),
+                    _raw("# END QUESTION"),
+                ]
+                opened = None
+            continue
+        if cell.cell_type != "markdown":
+            cells.append(cell)
+            continue
+        for part, chunk in enumerate(_split_exercises(cell.source)):
+            piece = nbformat.v4.new_markdown_cell(
+                chunk,
+                id=cell.id if part == 0 else f"{cell.id}-{part}"[:64],
+                metadata=copy.deepcopy(cell.metadata),
+            )
+            opened = _otter_markdown(piece, nb, written, points, opened, cells)
+    if opened is not None:
+        raise ValueError(f"{name}: exercise {opened!r} has no check cell after it")
+    for position, cell in enumerate(cells):
+        if cell.cell_type == "raw":  # otter's delimiters: ids stable from run to run
+            cell.id = f"otter-{position}"
+    source.cells = cells
+    return source
+
+
+def _split_exercises(source: str) -> list[str]:
+    """``source`` cut before each ``{exercise}`` directive, so each piece holds one."""
+    pieces: list[list[str]] = [[]]
+    for line in source.split("\n"):
+        if _EXERCISE_OPEN.match(line) and any(x.strip() for x in pieces[-1]):
+            pieces.append([])
+        pieces[-1].append(line)
+    return ["\n".join(piece).strip("\n") for piece in pieces]
+
+
+def _otter_markdown(cell, nb, written, points, opened, cells) -> str | None:
+    """Append markdown ``cell`` (at most one exercise) to ``cells``, inside the raw
+    cells of its question; returns the label of the question left open for its test."""
+    labels = [lab for _, lab, _ in _directives(cell.source, _EXERCISE_OPEN)]
+    cell.source = _strip_written_solutions(cell.source)
+    if not cell.source.strip():
+        return opened
+    if not labels:
+        cells.append(cell)
+        return opened
+    label = labels[0]
+    if opened is not None:
+        raise ValueError(f"exercise {opened!r} has no check cell before {label!r}")
+    if label not in written:
+        worth = _exercise_points(nb, label, points)
+        config = f"name: {label}\npoints: {worth}\ncheck_cell: false"
+        cells += [_raw(f"# BEGIN QUESTION\n{config}"), cell]
+        return label
+    answer = _require("nbformat").v4.new_markdown_cell(
+        written[label] or "(The book gives no model answer.)", id=f"{label}-answer"[:64]
+    )
+    worth = _exercise_points(nb, label)
+    cells += [
+        _raw(f"# BEGIN QUESTION\nname: {label}\nmanual: true\npoints: {worth}"),
+        cell,
+        _raw("# BEGIN SOLUTION"),
+        answer,
+        _raw("# END SOLUTION"),
+        _raw("# END QUESTION"),
+    ]
+    return opened
+
+
+def make_otter_masters(
+    book_dir="book", out_dir="otter", points: float | None = None
+) -> list[Path]:
+    """Write ``out_dir/<chapter>/<chapter>.ipynb`` (:func:`otter_master`) and the
+    ``requirements.txt`` of the Gradescope image beside it, for every
+    ``book_dir/*.ipynb``. Returns the notebooks written."""
+    from . import __version__
+
+    nbformat = _require("nbformat")
+    written = []
+    for path in _chapters(book_dir):
+        target = Path(out_dir) / path.stem / path.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        master = otter_master(
+            nbformat.read(path, as_version=4), name=path.name, points=points
+        )
+        nbformat.write(master, target)
+        (target.parent / "requirements.txt").write_text(
+            OTTER_REQUIREMENTS.format(url=REPOSITORY, version=__version__)
         )
         written.append(target)
     return written
@@ -381,10 +808,11 @@ def expected_labels(nb) -> list[str]:
 # Command line
 # --------------------------------------------------------------------------------------
 def main(argv=None) -> int:
-    """``python -m attnbook.course student OUTDIR`` / ``python -m attnbook.course grade
-    SUBMISSIONS...``."""
+    """``python -m attnbook.course student|nbgrader|otter|grade ...``: see the module's
+    docstring."""
     parser = argparse.ArgumentParser(
-        prog="python -m attnbook.course", description=__doc__.split("\n")[0]
+        prog="python -m attnbook.course",
+        description=" ".join(__doc__.split("\n\n")[0].split()),
     )
     commands = parser.add_subparsers(dest="command", required=True)
     student = commands.add_parser(
@@ -406,6 +834,30 @@ def main(argv=None) -> int:
         help="folder with the chapter notebooks (default: book)",
     )
     nbg.add_argument(
+        "--points",
+        type=float,
+        default=None,
+        help="points per auto-checked exercise (default: each chapter's "
+        "metadata.attnbook.points, 1 where it lists none)",
+    )
+    nbg.add_argument(
+        "--timings",
+        default=None,
+        help="folder of the chapters executed where you grade (e.g. an autograded "
+        "submission's folder): the cell timeout comes from their slowest cells "
+        "(default: the book's measured table, course.SLOWEST_CELL)",
+    )
+    otter = commands.add_parser(
+        "otter",
+        help="write otter-grader master notebooks (Gradescope), one per chapter",
+    )
+    otter.add_argument("outdir", help="folder for the master notebooks")
+    otter.add_argument(
+        "--book",
+        default="book",
+        help="folder with the chapter notebooks (default: book)",
+    )
+    otter.add_argument(
         "--points",
         type=float,
         default=None,
@@ -491,10 +943,20 @@ def main(argv=None) -> int:
                 f"{args.outdir}"
             )
         elif args.command == "nbgrader":
-            written = make_nbgrader_source(args.book, args.outdir, points=args.points)
+            written = make_nbgrader_source(
+                args.book, args.outdir, points=args.points, timings_dir=args.timings
+            )
             print(
-                f"Wrote {len(written)} nbgrader assignments to {args.outdir}: "
-                f"nbgrader generate_assignment <chapter> makes the release versions"
+                f"Wrote {len(written) - 1} nbgrader assignments and {written[-1].name} "
+                f"to {args.outdir}: copy {written[-1].name} into your course folder; "
+                "nbgrader generate_assignment <chapter> makes the release versions"
+            )
+        elif args.command == "otter":
+            written = make_otter_masters(args.book, args.outdir, points=args.points)
+            print(
+                f"Wrote {len(written)} otter master notebooks to {args.outdir}: "
+                "otter assign <chapter>/<chapter>.ipynb dist/<chapter> writes the "
+                "student notebook and the Gradescope autograder zip"
             )
         else:
             limits = sandbox.Limits(

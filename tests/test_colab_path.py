@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -24,6 +22,7 @@ from pathlib import Path
 
 import nbformat
 import pytest
+from environments import linked_venv
 from nbclient import NotebookClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,51 +58,14 @@ def dist(tmp_path_factory) -> Path:
     return tmp / "dist"
 
 
-def _installed_closure(names: list[str]) -> dict:
-    """The installed distributions ``names`` need, dependencies included, from this environment."""
-    from importlib.metadata import distribution
-
-    from packaging.requirements import Requirement
-    from packaging.utils import canonicalize_name
-
-    found, todo = {}, list(names)
-    while todo:
-        requirement = Requirement(todo.pop())
-        key = canonicalize_name(requirement.name)
-        if key not in found:
-            found[key] = distribution(requirement.name)
-            todo += [r for r in found[key].requires or []
-                     if Requirement(r).marker is None or Requirement(r).marker.evaluate({"extra": ""})]
-    return found
-
-
 @pytest.fixture(scope="module")
 def colab(tmp_path_factory) -> Path:
-    """A fresh environment holding Colab's preinstalled packages and nothing else: no attnbook.
-
-    Installing torch and the rest from their wheels takes minutes; the same files are already
-    installed here, so each distribution of the closure (files and metadata, so that pip sees it
-    installed) is hard-linked in, which takes seconds. pip replaces a hard link without touching
-    the file it shares, so nothing the test does reaches this environment."""
+    """A fresh environment holding Colab's preinstalled packages and nothing else: no attnbook
+    (hard-linked from this one's installed files: tests/environments.py)."""
     env = tmp_path_factory.mktemp("colab") / "venv"
-    _run(sys.executable, "-m", "venv", "--without-pip", env)
-    site = next((env / "lib").glob("python3*/site-packages"))
-    pip = _installed_closure(["pip"])
-    for dist in {**_installed_closure([name.split("==")[0] for name in COLAB]), **pip}.values():
-        for file in dist.files or []:
-            if file.parts[0] == ".." or "__pycache__" in file.parts:
-                continue  # scripts outside site-packages; bytecode is rebuilt
-            target = site / file
-            target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(dist.locate_file(file), target)
-            except OSError:  # another file system: copy
-                shutil.copy2(dist.locate_file(file), target)
-    python = env / "bin" / "python"
+    python = linked_venv(env, COLAB)
     probe = "import torch, numpy, matplotlib, seaborn, sklearn, networkx, ipykernel, ipywidgets, pip"
     _run(python, "-c", probe, cwd=env)
-    torch_version = _run(python, "-c", "import torch; print(torch.__version__)", cwd=env).stdout
-    assert torch_version.startswith(COLAB[0].split("==")[1])
     missing = subprocess.run([python, "-c", "import attnbook"], capture_output=True, cwd=env)
     assert missing.returncode != 0, "the fresh environment already has attnbook"
     return env

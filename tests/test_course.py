@@ -10,6 +10,7 @@ import hashlib
 import csv
 import io
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -245,14 +246,25 @@ def test_nbgrader_source_marks_answers_and_tests_and_drops_written_solutions():
     source = course.nbgrader_source(nb, name="ch.ipynb", points=2)
     meta = [(cell.source.split("\n")[0], cell.metadata.get("nbgrader")) for cell in source.cells]
     graded = [(first, m) for first, m in meta if m]
-    assert [m["grade_id"] for _, m in graded] == ["test-double-answer", "test-double", "test-clip-answer", "test-clip"]
-    for first, m in graded:
+    assert [m["grade_id"] for _, m in graded] == [
+        "test-double-answer", "test-double", "test-clip-answer", "test-clip", "test-why"]
+    for first, m in graded[:4]:
         assert m["schema_version"] == 3 and m["task"] is False
         if m["solution"]:
             assert not m["grade"] and not m["locked"] and "points" not in m
         else:
-            assert m["grade"] and m["locked"] and m["points"] == 2 and first.startswith("assert attnbook.exercises.check(")
-    answers = [cell for cell in source.cells if cell.metadata.get("nbgrader", {}).get("solution")]
+            assert m["grade"] and m["locked"] and m["points"] == 2 and first.startswith("_verdict = attnbook.exercises.check(")
+    # the written exercise: a manually graded answer cell after it, holding the model answers
+    why = next(cell for cell in source.cells if cell.metadata.get("nbgrader", {}).get("grade_id") == "test-why")
+    assert why.cell_type == "markdown" and why.id == "test-why-answer"
+    assert why.metadata["nbgrader"] == {"grade": True, "grade_id": "test-why", "locked": False, "points": 1,
+                                        "schema_version": 3, "solution": True, "task": False}
+    assert source.cells[source.cells.index(why) - 1].source.startswith("Before the written exercise.")
+    for answer in ("x = 1", "A second, colon-fenced answer.", "Only a solution in this cell."):
+        assert answer in why.source, "the model answers, which generate_assignment replaces"
+    assert ":class:" not in why.source and "{solution}" not in why.source
+    answers = [cell for cell in source.cells if cell.metadata.get("nbgrader", {}).get("solution")
+               and cell.cell_type == "code"]
     assert all(course.BEGIN in cell.source for cell in answers), "nbgrader strips the solutions itself"
     assert all("hide-input" not in cell.metadata.get("tags", []) for cell in answers)
     text = "\n".join(cell.source for cell in source.cells)
@@ -265,8 +277,11 @@ def test_nbgrader_tests_raise_on_a_wrong_answer_and_pass_on_a_right_one(registry
     source = course.nbgrader_source(chapter())
     run_cells(source)  # the book's solutions: every assert passes
     wrong = course.nbgrader_source(chapter(double="def double(x):\n    ### BEGIN SOLUTION\n    return x + 1\n    ### END SOLUTION"))
-    with pytest.raises(AssertionError, match="the check above failed"):
+    with pytest.raises(AssertionError) as failed:
         run_cells(wrong)
+    # the test cell raises with the check's own verdict and hint: what nbgrader shows
+    assert str(failed.value) == exercises.run_check("test-double", lambda x: x + 1).message
+    assert "Hint:" in str(failed.value)
 
 
 def test_nbgrader_source_refuses_a_check_cell_it_cannot_wrap():
@@ -293,7 +308,11 @@ def test_every_book_notebook_exports_to_nbgrader():
         nb = nbformat.read(path, as_version=4)
         source = course.nbgrader_source(nb, name=path.name)
         tests = [c for c in source.cells if c.metadata.get("nbgrader", {}).get("grade")]
-        assert [c.metadata["nbgrader"]["grade_id"] for c in tests] == course.expected_labels(nb), path.name
+        auto = [c.metadata["nbgrader"]["grade_id"] for c in tests if c.cell_type == "code"]
+        manual = [c.metadata["nbgrader"]["grade_id"] for c in tests if c.cell_type == "markdown"]
+        assert auto == course.expected_labels(nb), path.name
+        assert manual == list(course.written_exercises(nb)), path.name
+        assert all(c.metadata["nbgrader"]["solution"] for c in tests if c.cell_type == "markdown")
         ids = [c.metadata["nbgrader"]["grade_id"] for c in source.cells if "nbgrader" in c.metadata]
         assert len(ids) == len(set(ids)), f"{path.name}: nbgrader grade_ids must be unique"
 
@@ -301,6 +320,155 @@ def test_every_book_notebook_exports_to_nbgrader():
 # ---------------------------------------------------------------------------------------------
 # The command line: student bundle
 # ---------------------------------------------------------------------------------------------
+def test_written_exercises_are_the_unchecked_ones_with_their_model_answers():
+    written = course.written_exercises(chapter())
+    assert list(written) == ["test-why"]
+    assert written["test-why"].startswith("Because of this code:") and "x = 1" in written["test-why"]
+    assert "A second, colon-fenced answer." in written["test-why"] and ":class:" not in written["test-why"]
+    counts = {p.stem: len(course.written_exercises(nbformat.read(p, as_version=4)))
+              for p in sorted((ROOT / "book").glob("*.ipynb"))}
+    assert counts["attention"] == 1 and counts["complexity"] == 0
+
+
+def test_slowest_cell_reads_nbclients_timestamps():
+    nb = chapter()
+    stamps = [("2026-01-01T00:00:00.000Z", "2026-01-01T00:00:01.500Z"),
+              ("2026-01-01T00:00:02.000Z", "2026-01-01T00:00:09.250Z"),
+              ("2026-01-01T00:00:10.000Z", "2026-01-01T00:00:10.100Z")]
+    for cell, (start, end) in zip([c for c in nb.cells if c.cell_type == "code"], stamps):
+        cell.metadata["execution"] = {"iopub.execute_input": start, "shell.execute_reply": end}
+    slowest = [c for c in nb.cells if c.cell_type == "code"][1]
+    assert course.slowest_cell(nb) == (7.25, slowest.id)
+    assert course.slowest_cell(chapter()) == (0.0, None)
+
+
+def test_cell_timeout_is_a_margin_over_the_slowest_cell_and_never_below_the_graders():
+    assert course.cell_timeout({}) == course.MIN_CELL_TIMEOUT == 120
+    assert course.cell_timeout({"a": 1.0, "b": 29.0}) == 120
+    assert course.cell_timeout({"a": 31.0, "b": 40.0}) == 160
+    for worst in (0.5, 30.1, 44.4, 112.1, 500.0):
+        timeout = course.cell_timeout({"x": worst})
+        assert timeout >= course.TIMEOUT_MARGIN * worst and timeout % 10 == 0 and timeout >= 120
+
+
+def test_the_book_records_the_slowest_cell_of_every_chapter():
+    chapters = {p.stem for p in (ROOT / "book").glob("*.ipynb")}
+    assert set(course.SLOWEST_CELL) == chapters
+    assert all(seconds > 0 for seconds in course.SLOWEST_CELL.values())
+
+
+def test_nbgrader_config_is_python_that_sets_the_timeout_and_one_thread(monkeypatch):
+    from traitlets.config import Config
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    config = Config()
+    text = course.nbgrader_config({"attention": 10.0, "positional": 50.0})
+    exec(text, {"get_config": lambda: config})
+    assert config.Execute.timeout == 200 and list(config.Execute) == ["timeout"]
+    assert "50.0 s (positional)" in text and "attnbook[grading]" in text
+    assert os.environ.pop("OMP_NUM_THREADS") == "1"
+
+
+def test_make_nbgrader_source_measures_the_timeout_from_executed_notebooks(tmp_path):
+    book, executed = tmp_path / "book", tmp_path / "executed"
+    book.mkdir(), executed.mkdir()
+    nbformat.write(chapter(), book / "ch.ipynb")
+    ran = chapter()
+    ran.cells[0].metadata["execution"] = {"iopub.execute_input": "2026-01-01T00:00:00Z",
+                                          "shell.execute_reply": "2026-01-01T00:01:00Z"}
+    nbformat.write(ran, executed / "ch.ipynb")
+    written = course.make_nbgrader_source(book, tmp_path / "source", timings_dir=executed)
+    assert written == [tmp_path / "source" / "ch" / "ch.ipynb", tmp_path / "source" / "nbgrader_config.py"]
+    assert "c.Execute.timeout = 240\n" in written[-1].read_text()
+    with pytest.raises(ValueError, match="no cell has execution timestamps"):
+        course.make_nbgrader_source(book, tmp_path / "s2", timings_dir=book)
+    with pytest.raises(ValueError, match="has no executed ch.ipynb"):
+        course.make_nbgrader_source(book, tmp_path / "s3", timings_dir=tmp_path)
+
+
+def test_a_course_folder_without_book_gets_told_where_to_point(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit):
+        course.main(["nbgrader", "source"])
+    assert "pass the book/ folder of a clone of the book's repository" in capsys.readouterr().err
+
+
+def otter_chapter():
+    """The tiny chapter with an exercise directive before each coding exercise."""
+    nb = chapter()
+    at = next(i for i, c in enumerate(nb.cells) if c.get("id") == "clip-answer")
+    nb.cells.insert(at, new_markdown_cell(EXERCISE_MD.replace("test-double", "test-clip"), id="clip-text"))
+    return nb
+
+
+def otter_blocks(nb):
+    """The master notebook as otter reads it: (kind, first line) per cell."""
+    return [(c.cell_type, c.source.split("\n")[0]) for c in nb.cells]
+
+
+def test_otter_master_wraps_each_exercise_in_a_question():
+    nb = otter_chapter()
+    master = course.otter_master(nb, name="ch.ipynb", points=3)
+    assert master.cells[0].cell_type == "raw" and master.cells[0].source.startswith("# ASSIGNMENT CONFIG\nname: ch\n")
+    blocks = otter_blocks(master)
+    raws = [first for kind, first in blocks if kind == "raw"]
+    assert raws == ["# ASSIGNMENT CONFIG"] + ["# BEGIN QUESTION", "# BEGIN SOLUTION", "# END SOLUTION",
+                                             "# BEGIN TESTS", "# END TESTS", "# END QUESTION"] * 2 + [
+        "# BEGIN QUESTION", "# BEGIN SOLUTION", "# END SOLUTION", "# END QUESTION"]
+    questions = [c.source for c in master.cells if c.source.startswith("# BEGIN QUESTION")]
+    assert questions == ["# BEGIN QUESTION\nname: test-double\npoints: 3\ncheck_cell: false",
+                         "# BEGIN QUESTION\nname: test-clip\npoints: 3\ncheck_cell: false",
+                         "# BEGIN QUESTION\nname: test-why\nmanual: true\npoints: 1"]
+    tests = [c.source for c in master.cells if c.source.startswith("_verdict")]
+    assert tests == [course.OTTER_TEST.format(label="test-double", answer="double"),
+                     course.OTTER_TEST.format(label="test-clip", answer="clip")]
+    solutions = [c.source for c in master.cells if c.cell_type == "code" and "BEGIN SOLUTION" in c.source]
+    assert len(solutions) == 2 and all("# BEGIN SOLUTION" in s and course.BEGIN not in s for s in solutions)
+    assert CHECK_DOUBLE in [c.source for c in master.cells], "the book's check cell stays for the student"
+    answer = next(c for c in master.cells if c.get("id") == "test-why-answer")
+    assert answer.cell_type == "markdown" and "x = 1" in answer.source
+    text = "\n".join(c.source for c in master.cells)
+    assert "{solution}" not in text and "Before the written exercise." in text
+    assert len({c.id for c in master.cells}) == len(master.cells)
+    assert course.otter_master(nb, name="ch.ipynb", points=3) == master, "the same export every time"
+
+
+def test_otter_master_splits_a_cell_that_holds_two_exercises_and_needs_every_check():
+    nb = otter_chapter()
+    at = next(i for i, c in enumerate(nb.cells) if c.source.startswith("Before the written exercise."))
+    nb.cells[at].source += "\n\n" + EXERCISE_MD.replace("test-double", "test-again")
+    nb.cells.insert(at + 1, new_code_cell('attnbook.exercises.check("test-again", double)'))
+    master = course.otter_master(nb, name="ch.ipynb")
+    questions = [c.source.split("\n")[1] for c in master.cells if c.source.startswith("# BEGIN QUESTION")]
+    assert questions == ["name: test-double", "name: test-clip", "name: test-why", "name: test-again"]
+    ends = [i for i, c in enumerate(master.cells) if c.source == "# END QUESTION"]
+    begins = [i for i, c in enumerate(master.cells) if c.source.startswith("# BEGIN QUESTION")]
+    assert all(b < e for b, e in zip(begins, ends)) and all(e < b for e, b in zip(ends, begins[1:]))
+    nb = otter_chapter()  # the clip check moved after the next exercise
+    check = next(c for c in nb.cells if c.source == CHECK_CLIP)
+    nb.cells.remove(check)
+    nb.cells.append(check)
+    with pytest.raises(ValueError, match="exercise 'test-clip' has no check cell before 'test-why'"):
+        course.otter_master(nb, name="ch.ipynb")
+    with pytest.raises(ValueError, match="ch.ipynb, cell 6: check 'test-clip' has no exercise before it"):
+        course.otter_master(chapter(), name="ch.ipynb")
+
+
+def test_every_book_notebook_exports_to_otter(tmp_path, capsys):
+    assert course.main(["otter", str(tmp_path), "--book", str(ROOT / "book")]) == 0
+    assert "otter master notebooks" in capsys.readouterr().out
+    for path in sorted((ROOT / "book").glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        master = nbformat.read(tmp_path / path.stem / path.name, as_version=4)
+        names = [c.source.split("\n")[1].removeprefix("name: ") for c in master.cells
+                 if c.source.startswith("# BEGIN QUESTION")]
+        checked, written = course.expected_labels(nb), list(course.written_exercises(nb))
+        assert sorted(names) == sorted(checked + written), path.name
+        opens = sum(c.source.startswith("# BEGIN QUESTION") for c in master.cells)
+        assert opens == sum(c.source == "# END QUESTION" for c in master.cells), path.name
+        assert "attnbook[grading] @ git+" in (tmp_path / path.stem / "requirements.txt").read_text()
+
+
 def test_cli_student_writes_notebooks_and_readme(tmp_path, capsys):
     book = tmp_path / "book"
     book.mkdir()

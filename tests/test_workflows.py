@@ -84,7 +84,7 @@ def test_a_version_tag_publishes_every_release_asset():
     flow = _load("release.yml")
     assert flow["on"]["push"]["tags"] == ["v*.*.*"] and flow["permissions"]["contents"] == "write"
     runs = _runs(flow)
-    for command in ("bash .ci/run", "make pdf", "-m build --outdir dist", "twine check --strict dist/*",
+    for command in ("bash .ci/run", "make test-grading", "make pdf", "-m build --outdir dist", "twine check --strict dist/*",
                     "-m attnbook.course student student", "-m attnbook.course nbgrader nbgrader/source",
                     "tools/release.py --notes", "gh release create"):
         assert command in runs, f"release.yml does not run {command!r}"
