@@ -49,6 +49,7 @@ __all__ = [
     "check_indices",
     "check_qkv",
     "check_attn_mask",
+    "check_block_mask",
     "check_key_padding_mask",
     "check_dropout",
     "check_decode",
@@ -278,6 +279,31 @@ def check_attn_mask(fn: str, attn_mask: torch.Tensor, scores: tuple[int, ...]) -
             f"{fn}: attn_mask of shape {_shape(attn_mask)} does not broadcast to the "
             f"scores' shape {tuple(scores)} (..., L, S)"
         )
+
+
+def check_block_mask(
+    fn: str, block_mask, L: int, S: int, block_size: int
+) -> tuple[int, int]:
+    """Check that ``block_mask`` is a bool ``(ceil(L / block_size), ceil(S /
+    block_size))`` tensor (True = the query block attends to the key block); returns
+    that shape."""
+    shape = (-(-L // block_size), -(-S // block_size))
+    if (
+        not isinstance(block_mask, torch.Tensor)
+        or block_mask.dtype != torch.bool
+        or tuple(block_mask.shape) != shape
+    ):
+        got = (
+            f"{block_mask.dtype} {tuple(block_mask.shape)}"
+            if isinstance(block_mask, torch.Tensor)
+            else type(block_mask).__name__
+        )
+        raise ValueError(
+            f"{fn}: block_mask must be a bool tensor of shape (ceil(L / block_size), "
+            f"ceil(S / block_size)) = {shape} for L={L}, S={S}, "
+            f"block_size={block_size}, got {got}"
+        )
+    return shape
 
 
 def check_key_padding_mask(

@@ -37,6 +37,7 @@ from .contract import check_flag as _check_flag
 from .contract import check_int as _check_int
 from .contract import (
     check_attention_options,
+    check_block_mask,
     check_float,
     check_qkv,
     default_scale,
@@ -1106,22 +1107,7 @@ def block_sparse_flash_attention(
     scale = _check_scale(fn, scale)
     _check_head_dim(fn, q, scale)
     L, S = q.shape[-2], k.shape[-2]
-    shape = (-(-L // block_size), -(-S // block_size))
-    if (
-        not isinstance(block_mask, torch.Tensor)
-        or block_mask.dtype != torch.bool
-        or tuple(block_mask.shape) != shape
-    ):
-        got = (
-            f"{block_mask.dtype} {tuple(block_mask.shape)}"
-            if isinstance(block_mask, torch.Tensor)
-            else type(block_mask).__name__
-        )
-        raise ValueError(
-            f"{fn}: block_mask must be a bool tensor of shape (ceil(L / block_size), "
-            f"ceil(S / block_size)) = {shape} for L={L}, S={S}, "
-            f"block_size={block_size}, got {got}"
-        )
+    check_block_mask(fn, block_mask, L, S, block_size)
     rank = max(q.dim(), k.dim())
     q4, k4, v4, batch = _as_4d(q, k, v)
     chosen = _select_backend(fn, q4, backend, v4, "block_sparse", block_size)

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from .contract import (
+    check_block_mask,
     check_flag,
     check_float,
     check_indices,
@@ -341,22 +342,7 @@ def _check_block_sparse(q, k, v, block_mask, b, is_causal, scale) -> None:
     check_flag(fn, "is_causal", is_causal)
     if scale is not None:
         check_real(fn, "scale", scale)
-    n_qb, n_kb = -(-q.shape[-2] // b), -(-k.shape[-2] // b)
-    if (
-        not isinstance(block_mask, torch.Tensor)
-        or block_mask.dtype != torch.bool
-        or block_mask.shape != (n_qb, n_kb)
-    ):
-        got = (
-            f"{block_mask.dtype} {tuple(block_mask.shape)}"
-            if isinstance(block_mask, torch.Tensor)
-            else type(block_mask).__name__
-        )
-        raise ValueError(
-            f"{fn}: block_mask must be a bool tensor of shape (ceil(L / block_size), "
-            f"ceil(S / block_size)) = ({n_qb}, {n_kb}) for q {tuple(q.shape)}, k "
-            f"{tuple(k.shape)} and block_size={b}, got {got}"
-        )
+    check_block_mask(fn, block_mask, q.shape[-2], k.shape[-2], b)
 
 
 def block_sparse_attention(
