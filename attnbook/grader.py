@@ -195,12 +195,17 @@ def _check_call(source: str, where: str) -> tuple[str, str]:
 
 def chapter_points(nb, labels: list[str]) -> dict[str, float]:
     """Points per check label: the chapter's ``metadata.attnbook.points`` (``{label:
-    points}``), 1 for a label it does not list."""
+    points}``), 1 for a label it does not list. The metadata also gives the points of
+    the written exercises, which are graded by hand (nbgrader's and otter's exports
+    read them); any other label in it is a typo and raises ``ValueError``."""
+    from .course import written_exercises
+
     given = nb.metadata.get("attnbook", {}).get("points", {})
-    unknown = sorted(set(given) - set(labels))
+    unknown = sorted(set(given) - set(labels) - set(written_exercises(nb)))
     if unknown:
         raise ValueError(
-            f"metadata.attnbook.points names labels not checked: {unknown}"
+            "metadata.attnbook.points names labels that are neither checked nor "
+            f"written exercises: {unknown}"
         )
     return {label: float(given.get(label, 1)) for label in labels}
 

@@ -662,11 +662,12 @@ def test_gradebook_points_come_from_the_chapters_metadata_and_cells_are_never_fo
         grader.Chapter.from_notebook(nb, "ch.ipynb")
 
 
-def test_every_chapter_lists_the_points_of_each_of_its_checks():
+def test_every_chapter_lists_the_points_of_each_of_its_checks_and_written_exercises():
     for path in sorted((ROOT / "book").glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
         points = nb.metadata.get("attnbook", {}).get("points", {})
-        assert list(points) == course.expected_labels(nb), f"{path.name}: metadata.attnbook.points"
+        every = course.expected_labels(nb) + list(course.written_exercises(nb))
+        assert list(points) == every, f"{path.name}: metadata.attnbook.points"
         assert all(isinstance(p, (int, float)) and p > 0 for p in points.values()), path.name
 
 
