@@ -415,8 +415,8 @@ class StaticKVCache:
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         _check_static_update(self, layer, k_new, v_new)
-        self.k[layer][:, :, self.slots] = k_new  # in place, at the slots
-        self.v[layer][:, :, self.slots] = v_new
+        self.k[layer].index_copy_(2, self.slots, k_new)  # in place, at the slots
+        self.v[layer].index_copy_(2, self.slots, v_new)
         return self.k[layer], self.v[layer]
 
     def mask(self, real: torch.Tensor | None = None) -> torch.Tensor:

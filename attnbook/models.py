@@ -212,12 +212,11 @@ def _fused_projections(model: nn.Module):
             if bias is not None:
                 held[1].copy_(bias)
         attn._qkv = held
-        attn._qkv_widths = [p.out_features for p in projections]
     try:
         yield
     finally:
         for attn in layers:
-            del attn._qkv, attn._qkv_widths
+            del attn._qkv
 
 
 @contextlib.contextmanager
@@ -436,11 +435,14 @@ class Attention(MultiHeadAttention):
             )
         B, T, _ = x.shape
         if self._qkv is not None:  # generate's fused projection: one product, not 3
-            q, k, v = F.linear(x, *self._qkv).split(self._qkv_widths, -1)
+            # (B, T, heads + 2 kv_heads, head_dim) -> heads first, then split: 3 views
+            heads = (self.n_heads, self.n_kv_heads, self.n_kv_heads)
+            qkv = F.linear(x, *self._qkv).view(B, T, sum(heads), -1).transpose(1, 2)
+            q, k, v = qkv.split(heads, 1)
         else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        q = self._split(q, self.n_heads)
-        k, v = self._split(k, self.n_kv_heads), self._split(v, self.n_kv_heads)
+            q = self._split(self.q_proj(x), self.n_heads)
+            k = self._split(self.k_proj(x), self.n_kv_heads)
+            v = self._split(self.v_proj(x), self.n_kv_heads)
         # rotate after the projection, in every layer; cached keys stay rotated, except
         # in a cache that numbers positions by slot (attention sinks): it stores them
         # unrotated and they are rotated by their place in the cache at every step
@@ -453,10 +455,13 @@ class Attention(MultiHeadAttention):
             offset = cache.length if cache is not None else 0
             q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
         if isinstance(cache, StaticKVCache):
-            # the decode hot path: write in place, attend to the whole buffer under
-            # the caller's mask (bias: bool or additive over max_len keys), one fused
-            # kernel for all heads; the shapes never change from step to step
+            # the decode hot path: write in place, attend under the caller's mask
+            # (bias: bool or additive) to the slots it covers, the first
+            # bias.shape[-1] (the live ones in eager; all max_len when compiled for
+            # CUDA graphs, whose shapes never change), one fused kernel for all heads
             k, v = cache.update(self.layer, k, v)
+            if bias is not None:
+                k, v = k[:, :, : bias.shape[-1]], v[:, :, : bias.shape[-1]]
             out = F.scaled_dot_product_attention(
                 q,
                 k,
@@ -623,8 +628,10 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_width("MLP.forward", x, self.proj.out_features)
         if self.gated:
-            return self.dropout(self.proj(F.silu(self.fc(x)) * self.gate(x)))
-        return self.dropout(self.proj(F.gelu(self.fc(x))))
+            out = self.proj(F.silu(self.fc(x)) * self.gate(x))
+        else:
+            out = self.proj(F.gelu(self.fc(x)))
+        return self.dropout(out) if self.training else out  # eval: no call at all
 
 
 class Block(nn.Module):
@@ -979,34 +986,49 @@ class TinyGPT(_Transformer):
     def _generate_static(self, tokens, T0, padding, choose, compile) -> None:
         """The decode hot path. Everything a step needs is built once here: the cache
         (:class:`attnbook.kvcache.StaticKVCache`), the positions of every slot (real
-        tokens only, under padding), the mask over the full length and the table of
-        absolute encodings or biases; the loop then only updates them in place."""
+        tokens only, under padding), an additive mask over the full length and the
+        table of absolute encodings or biases; the loop then only updates them in
+        place. Each step attends to the live slots only, the first ``t + 1`` (a view
+        of the mask, so the attention reads ``t + 1`` keys, not ``max_len``), except
+        under CUDA graphs, which replay one shape: there every step reads them all."""
         B, total = tokens.shape
-        S = max(total - 1, 1)  # the last token is returned, never fed back
-        cache, step = _decode_setup(self, B, S, compile)
+        # slots for every token but the last, which is returned, never fed back, plus
+        # one spare: no step then attends to the whole buffer, a case of its own for
+        # the compiler (a slice to the full length would be compiled again)
+        S = total
+        cache, step, every_slot = _decode_setup(self, B, S, compile)
         real = None if padding is None else ~padding[:, :S]
         if real is None:
             positions = torch.arange(S, device=tokens.device).expand(B, S)
         else:
             positions = (real.cumsum(-1) - 1).clamp_min(0)
         table = self._decode_table(S)
+        if compile and not every_slot:  # one graph for every length: S is a symbol
+            for tensor in (*cache.k, *cache.v, table):
+                _dynamic_length(tensor, S)
+        dtype = self.tok_emb.weight.dtype
         cache.seek(0, T0)  # prefill: the prompt in one pass, eager
-        logits = self._step(
-            tokens[:, :T0], cache, positions[:, :T0], cache.mask(real), table
-        )
+        mask = _additive(cache.mask(real), dtype)[..., :T0]
+        logits = self._step(tokens[:, :T0], cache, positions[:, :T0], mask, table)
         tokens[:, T0 : T0 + 1] = choose(logits)
         if total - 1 == T0:  # one new token: the prefill gave it
             return
         cache.seek(T0, 1)
-        mask = cache.mask(real)  # (B or 1, 1, 1, S): slot T0 and the real keys before
-        position = positions[:, T0 : T0 + 1].clone()
+        full = _additive(cache.mask(real), dtype)  # (B or 1, 1, 1, S): 0 or -inf
+        contiguous = torch.contiguous_format  # the same strides at every call
+        position = positions[:, T0 : T0 + 1].clone(memory_format=contiguous)
+        new = tokens[:, T0 : T0 + 1].clone(memory_format=contiguous)  # fed back
         for t in range(T0, total - 1):  # feed token t (slot t), choose token t + 1
             if t > T0:  # the next slot, position and key: updated in place
                 cache.advance()
                 position.add_(1)
-                mask.index_fill_(-1, cache.slots, True)
-            logits = step(self, tokens[:, t : t + 1], cache, position, mask, table)
-            tokens[:, t + 1 : t + 2] = choose(logits)
+                full.index_fill_(-1, cache.slots, 0.0)
+            mask = full if every_slot else full[..., : t + 1]
+            if compile and not every_slot:  # one graph for every length t + 1
+                mask = mask.clone(memory_format=contiguous)  # not a view of S slots
+                torch._dynamo.mark_dynamic(mask, mask.dim() - 1)  # (not -1: ignored)
+            new = choose(step(self, new, cache, position, mask, table))
+            tokens[:, t + 1 : t + 2] = new
 
     def _decode_table(self, S: int) -> torch.Tensor | None:
         """What a step looks up by slot or position, built once per generation: the
@@ -1026,14 +1048,15 @@ class TinyGPT(_Transformer):
 
     def _step(self, idx, cache, positions, mask, table) -> torch.Tensor:
         """One forward pass of the hot path: ``idx`` ``(B, T)`` written at
-        ``cache.slots``, ``positions`` ``(B, T)``, ``mask`` bool ``(B or 1, 1, T, S)``,
-        ``table`` from :meth:`_decode_table` -> the logits of the last position ``(B,
-        vocab_size)``. Static shapes, no host synchronization: compilable whole."""
+        ``cache.slots``, ``positions`` ``(B, T)``, ``mask`` additive (0 or -inf) ``(B
+        or 1, 1, T, n)`` over the first ``n`` slots, ``table`` from
+        :meth:`_decode_table` -> the logits of the last position ``(B, vocab_size)``.
+        No host synchronization, and no shape but ``n`` changes: compilable whole."""
         x, scheme, bias = self.tok_emb(idx), self.config.positional, mask
         if scheme in ("sinusoidal", "learned"):
             x = x + table[positions]
         elif scheme in ("t5", "alibi"):  # the bias rows of the query slots
-            bias = table[:, :, cache.slots].masked_fill(~mask, float("-inf"))
+            bias = table[:, :, cache.slots, : mask.shape[-1]] + mask
         rope = positions if scheme == "rope" else None
         for block in self.blocks:
             x = block(x, bias, cache, positions=rope)
@@ -1131,11 +1154,13 @@ _STATIC_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _decode_setup(model, B: int, S: int, compile: bool):
-    """The static cache and the step function of one generation: eager
-    ``model._step``, or its compiled form (compiled on first use)."""
+    """``(cache, step, every_slot)`` of one generation: the static cache, eager
+    ``model._step`` or its compiled form (compiled on first use), and whether each
+    step must attend to all ``S`` slots (CUDA graphs replay one shape) rather than
+    the live ones (on CPU the compiled step takes the length as a dynamic size)."""
     weight = model.tok_emb.weight
     if not compile:
-        return model.make_cache(B, S, static=True), type(model)._step
+        return model.make_cache(B, S, static=True), type(model)._step, False
     key = (B, S, weight.dtype, weight.device)
     caches = _STATIC_CACHES.setdefault(model, {})
     if key not in caches:
@@ -1149,10 +1174,30 @@ def _decode_setup(model, B: int, S: int, compile: bool):
     mode = "reduce-overhead" if weight.is_cuda else None
     step_key = (type(model), mode)
     if step_key not in _COMPILED_STEPS:
-        _COMPILED_STEPS[step_key] = torch.compile(  # one graph per shape
-            type(model)._step, fullgraph=True, dynamic=False, mode=mode
+        # on a CPU the graph's wrapper is C++ too (cpp_wrapper): the Python that calls
+        # its kernels cost about a tenth of a step; CUDA replays a graph instead
+        how = dict(mode=mode) if mode else dict(options={"cpp_wrapper": True})
+        _COMPILED_STEPS[step_key] = torch.compile(  # one graph per model and dtype
+            type(model)._step, fullgraph=True, **how
         )
-    return cache, _COMPILED_STEPS[step_key]
+    return cache, _COMPILED_STEPS[step_key], weight.is_cuda
+
+
+def _dynamic_length(tensor: torch.Tensor | None, S: int) -> None:
+    """Mark every dimension of size ``S`` of ``tensor`` (not a parameter) dynamic, so
+    the compiled step serves every generation length with one graph."""
+    if tensor is None or isinstance(tensor, nn.Parameter):
+        return
+    for dim, size in enumerate(tensor.shape):
+        if size == S:
+            torch._dynamo.mark_dynamic(tensor, dim)
+
+
+def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bool mask (True = may attend) -> additive, 0 or -inf, in ``dtype``: attention
+    adds it as it is, where a bool mask is converted again by every call."""
+    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
+    return additive.masked_fill_(~mask, float("-inf"))
 
 
 def _next_token(

@@ -115,7 +115,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=256)
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-compile", action="store_true", help="skip the compiled row")
     parser.add_argument("--plot", default="bench_decode.png")
     args = parser.parse_args()

@@ -129,10 +129,10 @@ def test_latent_attention_decodes_ragged_batches_like_recomputation():
     assert torch.equal(cached, model.generate(PROMPT, 10, key_padding_mask=PADDING, use_cache=False))
 
 
-def test_the_decode_steps_have_static_shapes_and_write_the_cache_in_place():
-    """Every attention call of the decode steps sees the whole buffer (the same key length,
-    however many tokens are cached), the cache is written in place (index_put_), and the prompt
-    runs once: static shapes, no growing torch.cat."""
+def test_the_decode_steps_read_the_live_slots_of_one_buffer_written_in_place():
+    """Step t attends to the t + 1 live slots (views of one preallocated buffer, not the
+    whole of it and no growing torch.cat), the cache is written in place (index_copy_),
+    and the prompt runs once."""
     from torch.profiler import ProfilerActivity, profile
 
     model, n = _model("rope"), 9
@@ -141,10 +141,13 @@ def test_the_decode_steps_have_static_shapes_and_write_the_cache_in_place():
     events = [e for e in prof.events()]
     sdpa = [e.input_shapes for e in events if e.name == "aten::scaled_dot_product_attention"]
     assert len(sdpa) == model.config.n_layers * n  # 1 prefill + n - 1 decode steps per layer
-    keys = {tuple(shapes[1]) for shapes in sdpa}
-    assert keys == {(3, 4, 6 + n - 1, 4)}  # (B, h_kv, max_len, d): the full buffer, always
-    writes = [e for e in events if e.name == "aten::index_put_"]
+    lengths = [shapes[1][2] for shapes in sdpa[:: model.config.n_layers]]
+    assert lengths == list(range(6, 6 + n))  # the prompt's 6 keys, then one more a step
+    assert {tuple(shapes[1]) for shapes in sdpa} == {(3, 4, t, 4) for t in lengths}
+    writes = [e for e in events if e.name == "aten::index_copy_"]
     assert len(writes) == 2 * model.config.n_layers * n
+    cats = [e.input_shapes for e in events if e.name == "aten::cat"]  # RoPE's q with k
+    assert cats and not [s for s in cats if any(len(x) == 4 and x[2] > 6 for x in s)]
 
 
 def test_generate_checks_its_new_arguments():
@@ -178,4 +181,6 @@ def test_the_compiled_step_gives_the_eager_tokens_and_is_reused():
     sample = model.generate(PROMPT, 8, compile=True, generator=torch.Generator().manual_seed(3), **sampled)
     uncached = model.generate(PROMPT, 8, use_cache=False, generator=torch.Generator().manual_seed(3), **sampled)
     assert torch.equal(sample, uncached) and not torch.equal(sample, eager)
-    assert counters["stats"]["unique_graphs"] == graphs
+    longer = model.generate(PROMPT, 13, key_padding_mask=PADDING, compile=True)
+    assert torch.equal(longer, model.generate(PROMPT, 13, key_padding_mask=PADDING))
+    assert counters["stats"]["unique_graphs"] == graphs  # one graph for every length

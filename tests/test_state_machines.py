@@ -4,9 +4,10 @@ Every machine drives one stateful object of attnbook through random sequences of
 operations and, after every step, compares it with a plain Python model recomputed from
 scratch:
 
-* the KV caches of :mod:`attnbook.kvcache` and :mod:`attnbook.serving` (static, sliding
-  window, attention sinks, quantized, latent, paged) against the list of every ``(k,
-  v)`` appended so far, from which the visible positions are recomputed;
+* the KV caches of :mod:`attnbook.kvcache` and :mod:`attnbook.serving` (appending,
+  the decode hot path's static slots, sliding window, attention sinks, quantized,
+  latent, paged) against the list of every ``(k, v)`` appended so far, from which the
+  visible positions are recomputed;
 * the paged serving engine :class:`attnbook.serving.PagedModel` against the model run
   on each whole sequence without a cache;
 * the recurrent state of linear attention and of the delta rule
@@ -282,6 +283,134 @@ class LatentCacheMachine(AppendCacheMachine):
 
 TestLatentCacheMachine = LatentCacheMachine.TestCase
 TestLatentCacheMachine.settings = machine_settings(10, 12)
+
+
+class StaticCacheMachine(RuleBasedStateMachine):
+    """The decode hot path's cache (:class:`StaticKVCache`): buffers of ``max_len``
+    slots written in place at the slots ``seek`` or ``advance`` chose. After every step
+    the buffers hold, per layer and slot, the last ``(k, v)`` written there (zeros
+    where nothing was), ``mask(real)`` lets the query in slot ``s`` see exactly the
+    earlier or own slots that are real (and always its own), and attention under that
+    mask equals a softmax over those keys written out. ``CacheFullError`` exactly when
+    the slots would pass ``max_len``, a wrong update a ``ValueError``, and neither
+    changes anything."""
+
+    D = 3
+
+    @initialize(
+        n_layers=st.integers(1, 3),
+        batch=st.integers(1, 2),
+        kv_heads=st.sampled_from([1, 2]),
+        max_len=st.integers(1, 9),
+    )
+    def make(self, n_layers, batch, kv_heads, max_len):
+        from attnbook.kvcache import StaticKVCache
+
+        self.n_layers, self.B, self.Hk, self.max_len = n_layers, batch, kv_heads, max_len
+        self.cache = StaticKVCache(n_layers, batch, kv_heads, self.D, max_len, dtype=F64)
+        self.written = [{} for _ in range(n_layers)]  # per layer: slot -> (k, v)
+        self.start, self.count = 0, 1  # the slots the next update writes
+
+    def slots(self):
+        return list(range(self.start, self.start + self.count))
+
+    @rule(start=st.integers(0, 10), count=st.integers(1, 4))
+    def seek(self, start, count):
+        from attnbook.kvcache import CacheFullError
+
+        if start + count > self.max_len:
+            with pytest.raises(CacheFullError, match="max_len"):
+                self.cache.seek(start, count)
+            return
+        self.cache.seek(start, count)
+        self.start, self.count = start, count
+
+    @rule()
+    def advance(self):
+        from attnbook.kvcache import CacheFullError
+
+        if self.start + 2 * self.count > self.max_len:
+            with pytest.raises(CacheFullError, match="max_len"):
+                self.cache.advance()
+            return
+        self.cache.advance()
+        self.start += self.count
+
+    @rule(layer=st.integers(0, 2), seed=st.integers(0, 10**6))
+    def update(self, layer, seed):
+        layer %= self.n_layers
+        shape = (self.B, self.Hk, self.count, self.D)
+        k, v = randn(seed, *shape), randn(seed + 1, *shape)
+        keys, values = self.cache.update(layer, k, v)
+        assert keys is self.cache.k[layer] and values is self.cache.v[layer]  # in place
+        for t, slot in enumerate(self.slots()):
+            self.written[layer][slot] = (k[..., t, :], v[..., t, :])
+
+    @rule(bad=st.sampled_from(["T", "layer", "shape", "dtype"]), seed=st.integers(0, 99))
+    def reject_bad_update(self, bad, seed):
+        T, layer, D, dtype = self.count, 0, self.D, F64
+        if bad == "T":
+            T += 1
+        elif bad == "layer":
+            layer = self.n_layers
+        elif bad == "shape":
+            D += 1
+        else:
+            dtype = torch.int64
+        k = randn(seed, self.B, self.Hk, T, D).to(dtype)
+        with pytest.raises((ValueError, TypeError)):
+            self.cache.update(layer, k, k.clone())
+
+    def visible(self, real):
+        """Bool ``(B, count, max_len)``, written out slot by slot."""
+        out = torch.zeros(self.B, self.count, self.max_len, dtype=torch.bool)
+        for b in range(self.B):
+            for i, slot in enumerate(self.slots()):
+                for key in range(self.max_len):
+                    ok = real is None or bool(real[b, key]) or key == slot
+                    out[b, i, key] = key <= slot and ok
+        return out
+
+    @rule(seed=st.integers(0, 10**6), padded=st.booleans(), layer=st.integers(0, 2))
+    def attend(self, seed, padded, layer):
+        """The mask, and attention under it over one layer's buffers."""
+        layer %= self.n_layers
+        real = None
+        if padded:
+            real = torch.rand(self.B, self.max_len, generator=torch.Generator().manual_seed(seed)) > 0.4
+        mask = self.cache.mask(real)
+        want = self.visible(real)
+        assert mask.dtype == torch.bool and mask.shape[1:] == (1, self.count, self.max_len)
+        assert torch.equal(mask[:, 0].expand(self.B, -1, -1), want)
+        q = randn(seed + 2, self.B, self.Hk, self.count, self.D)
+        got = torch.nn.functional.scaled_dot_product_attention(
+            q, self.cache.k[layer], self.cache.v[layer], mask
+        )
+        for b in range(self.B):
+            for i in range(self.count):
+                keys = want[b, i].nonzero().flatten().tolist()
+                zero = torch.zeros(self.Hk, self.D, dtype=F64)
+                held = [self.written[layer].get(s) for s in keys]
+                k = torch.stack([h[0][b] if h else zero for h in held], dim=-2)
+                v = torch.stack([h[1][b] if h else zero for h in held], dim=-2)
+                p = torch.softmax(k @ q[b, :, i, :, None] / math.sqrt(self.D), dim=-2)
+                close(got[b, :, i], (p * v).sum(-2))
+
+    @invariant()
+    def holds_what_was_written(self):
+        assert self.cache.slots.tolist() == self.slots() and self.cache.length == self.start
+        for layer in range(self.n_layers):
+            for slot in range(self.max_len):
+                k, v = self.cache.k[layer][:, :, slot], self.cache.v[layer][:, :, slot]
+                if slot in self.written[layer]:
+                    assert torch.equal(k, self.written[layer][slot][0])
+                    assert torch.equal(v, self.written[layer][slot][1])
+                else:
+                    assert not k.any() and not v.any()
+
+
+TestStaticCacheMachine = StaticCacheMachine.TestCase
+TestStaticCacheMachine.settings = machine_settings(15, 12)
 
 
 class RingCacheMachine(RuleBasedStateMachine):
