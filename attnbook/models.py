@@ -1174,9 +1174,17 @@ def _decode_setup(model, B: int, S: int, compile: bool):
     mode = "reduce-overhead" if weight.is_cuda else None
     step_key = (type(model), mode)
     if step_key not in _COMPILED_STEPS:
-        # on a CPU the graph's wrapper is C++ too (cpp_wrapper): the Python that calls
-        # its kernels cost about a tenth of a step; CUDA replays a graph instead
-        how = dict(mode=mode) if mode else dict(options={"cpp_wrapper": True})
+        # CUDA replays the step as a CUDA graph. On a CPU the graph's wrapper is C++
+        # too (cpp_wrapper: the Python that calls its kernels cost about a tenth of a
+        # step), and a one-row matrix product becomes a multiply and a sum that inductor
+        # fuses into its own kernel on every thread (decompose_mm_pass), where the
+        # library's matrix-vector product ran on one core: the step streams its weights
+        # from memory, and two cores draw more bandwidth than one
+        cpu = {
+            "cpp_wrapper": True,
+            "post_grad_fusion_options": {"decompose_mm_pass": {}},
+        }
+        how = {"mode": mode} if mode else {"options": cpu}
         _COMPILED_STEPS[step_key] = torch.compile(  # one graph per model and dtype
             type(model)._step, fullgraph=True, **how
         )
