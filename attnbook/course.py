@@ -397,6 +397,9 @@ c.Execute.timeout = {timeout}
 # One PyTorch thread per kernel: the chapters' models are tiny, and two threads per
 # kernel on a shared machine made them 10-30 times slower. Kernels inherit this.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+# No compile report after a kernel lab check passes (several seconds per kernel): a
+# grader needs the verdict alone.
+os.environ.setdefault("ATTNBOOK_COMPILE_REPORT", "0")
 """
 REPOSITORY = "https://github.com/attnbook/attention-book"
 

@@ -66,11 +66,17 @@ ROWS = [
     Bad("format_report", "wrong-type", lambda: lab.format_report("report"), ("format_report", "resources")),
     Bad("time_forward", "zero", lambda: lab.time_forward(_kernel(), seq_len=0), ("time_forward", "seq_len")),
     Bad("time_forward", "wrong-type", lambda: lab.time_forward(_kernel(), is_causal=None), ("time_forward", "is_causal")),
+    Bad("cost_report", "wrong-type", lambda: lab.cost_report(print, _kernel()), ("cost_report", "launcher")),
+    Bad("cost_report", "out-of-range", lambda: lab.cost_report(lab.plot_loads, _kernel()), ("cost_report", "launcher")),
+    Bad("cost_report", "wrong-type", lambda: lab.cost_report(lab.softmax, print), ("cost_report", "kernel")),
+    Bad("cost_report", "wrong-dtype", lambda: lab.cost_report(lab.softmax, _kernel(), torch.int8),
+        ("cost_report", "dtype")),
 ]  # fmt: skip
 
 EXEMPT = {
     "BLOCK": "a constant: the launchers' tile",
     "LAB_TARGETS": "a constant: the GPUs the compile report names",
+    "GPU_CONSTEXPRS": "a constant: the tiles cost_report compiles each launcher's kernel with",
     "causal_kernel_without_bound": "takes no argument; returns the chapter's deliberately wrong kernel",
     "variants": "the compile worker's hook, called by attnbook.kernels.compile with a kernel's source",
 }

@@ -5,22 +5,30 @@ The student kernels are the chapter's own solution cells (book/kernel_lab.ipynb)
 module file as a student's would be; they run in Triton's interpreter on CPU tensors
 (tests/conftest.py sets ``TRITON_INTERPRET`` without a GPU). The launchers are compared with
 independent references (``torch.softmax``, ``@``, attnbook's attention), the recorder with the
-package's own FlashAttention kernel, the compile report with attnbook.kernels.compile's rule.
+package's own FlashAttention kernel, the compile report with attnbook.kernels.compile's rule. After
+a pass, ``check`` prints that report (one real compile here; the other cases count or fake the
+compile worker's process), never ``run_check``, nor a grader that sets ATTNBOOK_COMPILE_REPORT=0.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import inspect
+import json
 import os
+import re
+import subprocess
 
 import nbformat
 import pytest
 import torch
+import triton.language as tl
 
 import attnbook.kernels.lab as lab
-from attnbook import course, grader, sandbox
+from attnbook import course, exercises, grader, sandbox
 from attnbook.core import scaled_dot_product_attention
-from attnbook.exercises import run_check
+from attnbook.exercises import check, run_check
 from attnbook.kernels.flash_triton import flash_forward
 from test_wrong_answers_kernel_lab import CHAPTER, _SOLUTIONS, wrong_kernel
 
@@ -186,6 +194,180 @@ def test_format_report_says_when_a_kernel_would_not_launch():
     spill = Resources("k", "k", 80, "float16", 128, 1024, 255, 64, 0)
     text = lab.format_report([big, spill])
     assert "WOULD NOT LAUNCH" in text and "64 KiB per block" in text and "SPILLS" in text
+    assert "needs 96 KiB of shared memory, the T4 allows 64 KiB" in text
+    assert all(len(line) <= 86 for line in text.splitlines())  # the chapter's output width
+
+
+# ---------------------------------------------------------------------------------------------
+# The report a check prints after a pass
+# ---------------------------------------------------------------------------------------------
+LABS = [(*SOFTMAX, "kernel-lab-softmax", lab.softmax), (*MATMUL, "kernel-lab-matmul", lab.matmul),
+        (*FORWARD, "kernel-lab-attention-forward", lab.attention_forward),
+        (*BACKWARD, "kernel-lab-attention-backward", lab.attention_backward),
+        (*SPARSE, "kernel-lab-block-sparse", lab.block_sparse_forward)]
+ROW = {"config": None, "shared": 16 * 1024, "registers": 96, "local": 0, "stack": 0}
+
+
+@pytest.fixture
+def reports(monkeypatch):
+    """Reports on, whatever the environment says (an nbgrader config run in this process sets the
+    switch), and compile_report's cache empty for the test."""
+    monkeypatch.setenv("ATTNBOOK_COMPILE_REPORT", "1")
+    monkeypatch.delenv("ATTNBOOK_COMPILE_REPORT")
+    monkeypatch.setattr(lab, "_COMPILED", {})
+
+
+def worker(monkeypatch, returncode=0, stderr="", fake=True):
+    """The jobs handed to compile_report's worker process; with ``fake``, answered without
+    compiling (one ``ROW`` per target, or ``returncode`` and ``stderr``)."""
+    jobs, real = [], subprocess.run
+
+    def run(command, *args, **kwargs):
+        job = json.loads(kwargs["input"])
+        jobs.append(job)
+        if not fake:
+            return real(command, *args, **kwargs)
+        rows = [{**ROW, "kernel": job["name"], "label": job["name"]}] * len(job["targets"])
+        return subprocess.CompletedProcess(command, returncode, json.dumps(rows), stderr)
+
+    monkeypatch.setattr(lab.subprocess, "run", run)
+    return jobs
+
+
+def test_a_pass_prints_what_the_kernel_costs_on_a_t4_an_a100_and_an_h100_compiled_once(
+        capsys, monkeypatch, reports):
+    jobs = worker(monkeypatch, fake=False)  # a real compile, counted
+    kernel = solution(*SOFTMAX)
+    outputs = []
+    for _ in range(2):  # running the check cell again compiles nothing
+        assert check("kernel-lab-softmax", functools.partial(lab.softmax, kernel)).passed
+        outputs.append(capsys.readouterr().out)
+    assert len(jobs) == 1 and outputs[0] == outputs[1]
+    assert jobs[0]["constexprs"] == {"BLOCK": 4096} and jobs[0]["targets"] == [75, 80, 90]
+    assert jobs[0]["dtype"] == "fp16" and jobs[0]["name"] == "softmax_kernel"
+    lines = outputs[0].splitlines()
+    assert lines[:2] == ["[PASSED] kernel-lab-softmax: passed", "On a GPU (float16, 4 warps; BLOCK=4096):"]
+    found = [re.match(r"sm(\d\d) (T4|A100|H100) +(\d+) registers +(\d+) B spilled +[\d.]+ KiB shared: (\w+)",
+                      line) for line in lines[2:5]]
+    assert [(m[1], m[2]) for m in found] == [("75", "T4"), ("80", "A100"), ("90", "H100")], lines
+    assert all(0 < int(m[3]) <= 255 for m in found)
+    assert all(int(m[4]) == 0 and m[5] == "fits" for m in found)  # a row of 4,096 in registers
+    assert len(lines) == 5 and all(len(line) <= 86 for line in lines)
+
+
+@pytest.mark.parametrize("cell, name, label, launcher", LABS)
+def test_each_report_compiles_the_kernel_with_its_own_constexprs(monkeypatch, reports, cell, name,
+                                                                  label, launcher):
+    jobs = worker(monkeypatch)
+    kernel = solution(cell, name)
+    report = exercises.CHECKS[label].after_pass(functools.partial(launcher, kernel))
+    constexprs = [n for n, p in inspect.signature(kernel.fn).parameters.items()
+                  if p.annotation is tl.constexpr]
+    assert len(jobs) == 1 and sorted(jobs[0]["constexprs"]) == sorted(constexprs)
+    assert jobs[0]["constexprs"] == lab.GPU_CONSTEXPRS[launcher.__name__]
+    assert all(value >= 32 for value in jobs[0]["constexprs"].values() if value is not True)  # GPU tiles
+    assert [line[:4] for line in report.splitlines()[1:]] == ["sm75", "sm80", "sm90"]
+
+
+def test_no_report_after_a_failure_nor_in_run_check(capsys, monkeypatch, reports):
+    from test_wrong_answers_kernel_lab import _softmax
+
+    jobs = worker(monkeypatch)
+    wrong = _softmax([("e = tl.exp(x - tl.max(x, 0))", "e = tl.exp(x)")], "report_no_max")
+    assert not check("kernel-lab-softmax", wrong).passed
+    assert capsys.readouterr().out.startswith("[FAILED]") and jobs == []
+    right = functools.partial(lab.softmax, solution(*SOFTMAX))
+    assert run_check("kernel-lab-softmax", right).passed  # the grader's call
+    assert capsys.readouterr().out == "" and jobs == []
+
+
+@pytest.mark.parametrize("switch", ["0", "off", "False"])
+def test_ATTNBOOK_COMPILE_REPORT_0_turns_the_report_off(capsys, monkeypatch, reports, switch):
+    jobs = worker(monkeypatch)
+    monkeypatch.setenv("ATTNBOOK_COMPILE_REPORT", switch)
+    assert check("kernel-lab-softmax", functools.partial(lab.softmax, solution(*SOFTMAX))).passed
+    assert capsys.readouterr().out == "[PASSED] kernel-lab-softmax: passed\n" and jobs == []
+
+
+def test_the_graders_of_the_course_kit_get_no_report(capsys, monkeypatch, reports):
+    """nbgrader: the nbgrader_config.py the kit writes sets the switch for its kernels; otter: its
+    grading mode (the first cell otter adds when it grades a notebook) turns the report off."""
+    from traitlets.config import Config
+
+    import otter
+
+    jobs = worker(monkeypatch)
+    answer = functools.partial(lab.softmax, solution(*SOFTMAX))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # both restored when the test ends
+    exec(course.nbgrader_config({"kernel_lab": 8.0}), {"get_config": Config})
+    assert os.environ["ATTNBOOK_COMPILE_REPORT"] == "0"
+    assert check("kernel-lab-softmax", answer).passed
+    monkeypatch.delenv("ATTNBOOK_COMPILE_REPORT")
+    monkeypatch.setattr(otter.Notebook, "_grading_mode", True)
+    assert check("kernel-lab-softmax", answer).passed
+    assert capsys.readouterr().out == "[PASSED] kernel-lab-softmax: passed\n" * 2 and jobs == []
+    monkeypatch.setattr(otter.Notebook, "_grading_mode", False)  # a student's own run
+    assert check("kernel-lab-softmax", answer).passed
+    assert "sm90" in capsys.readouterr().out and len(jobs) == 1
+
+
+def test_a_report_that_cannot_be_made_leaves_the_pass_and_says_why_in_one_line(capsys, monkeypatch,
+                                                                               reports):
+    worker(monkeypatch, returncode=1, stderr="Traceback ...\nRuntimeError: Failed to find C compiler. "
+           "Please specify via CC environment variable.")
+    answer = functools.partial(lab.softmax, solution(*SOFTMAX))
+    result = check("kernel-lab-softmax", answer)
+    assert result == exercises.CheckResult("kernel-lab-softmax", True, "passed")
+    verdict, note = capsys.readouterr().out.splitlines()
+    assert verdict == "[PASSED] kernel-lab-softmax: passed"
+    assert note.startswith("(No report after the pass, the verdict stands: ValueError: compile_report: "
+                           "Triton could not compile the kernel: RuntimeError: Failed to find C compiler")
+    namespace = {}  # a kernel whose source Python cannot find (exec'd): the check passes all the same
+    exec("import triton\nimport triton.language as tl\n" + _SOLUTIONS[SOFTMAX[0]], namespace)
+    assert check("kernel-lab-softmax", functools.partial(lab.softmax, namespace["softmax_kernel"])).passed
+    assert "source is not available" in capsys.readouterr().out.splitlines()[1]
+
+    def boom(student):
+        raise RuntimeError("the report broke\nin two lines")
+
+    entry = exercises.CHECKS["kernel-lab-softmax"]
+    for hook, why in [(boom, "RuntimeError: in two lines"), (lambda student: 42, "returned int, not text")]:
+        monkeypatch.setitem(exercises.CHECKS, "kernel-lab-softmax", dataclasses.replace(entry, after_pass=hook))
+        assert check("kernel-lab-softmax", answer).passed
+        lines = capsys.readouterr().out.splitlines()
+        assert len(lines) == 2 and lines[1].startswith("(No report after the pass") and why in lines[1], lines
+
+
+def test_the_report_says_when_there_is_no_kernel_to_report_on(monkeypatch, reports):
+    jobs = worker(monkeypatch)
+    hook = exercises.CHECKS["kernel-lab-softmax"].after_pass
+    kernel = solution(*SOFTMAX)
+    for student in [lambda x: torch.softmax(x, -1), functools.partial(lab.softmax, print),
+                    functools.partial(torch.softmax, kernel), functools.partial(lab.softmax)]:
+        assert "there is no kernel to report on" in hook(student).replace("\n", " ")
+    assert jobs == []
+    with pytest.raises(TypeError, match="after_pass must be callable"):
+        exercises.register("kernel-lab-never", "no hint", after_pass="report")
+
+
+def test_on_a_gpu_the_forward_report_times_the_kernel_against_sdpa(monkeypatch, reports):
+    """The timing line, with time_forward's own measurement faked (this machine has no GPU)."""
+    worker(monkeypatch)
+    asked = []
+
+    def time_forward(kernel, **shape):
+        asked.append(shape)
+        return {"yours": 1.5, "sdpa": 0.25}
+
+    monkeypatch.setattr(lab, "time_forward", time_forward)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    report = lab.cost_report(lab.attention_forward, solution(*FORWARD))
+    assert asked == [{"seq_len": 4096, "head_dim": 64}]
+    assert "On this NVIDIA H100 80GB HBM3, one causal head of 4,096 tokens: your kernel 1.500 ms, SDPA " \
+           "0.250 ms" in report.replace("\n", " ")
+    assert all(len(line) <= 86 for line in report.splitlines())
+    assert " ms" not in lab.cost_report(lab.block_sparse_forward, solution(*SPARSE))  # no SDPA twin
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,14 +10,32 @@ the chapter, and the checks of each chapter live in the submodule named by its t
 The grader (:mod:`attnbook.grader`) does not run ``check`` in the student's kernel: it
 calls :func:`run_check` in its own process on a stand-in for the student's answer, with
 inputs drawn from a secret seed (``attnbook.exercises.common.fresh_inputs``).
+
+A check may have an *after-pass* report (``register(..., after_pass=fn)``): what
+``check`` prints under a passing verdict, such as the kernel lab's compile report (what
+the kernel would cost on three GPUs, several seconds of compiling). :func:`run_check`
+never makes it, and ``check`` skips it when the environment variable
+``ATTNBOOK_COMPILE_REPORT`` is ``0`` (the nbgrader configuration the course kit writes
+sets it) or while otter-grader grades the notebook: a grader needs the verdict alone.
 """
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = ["CheckResult", "register", "check", "run_check", "labels", "CHECKS"]
+__all__ = [
+    "CheckResult",
+    "register",
+    "check",
+    "run_check",
+    "labels",
+    "reports_wanted",
+    "CHECKS",
+    "REPORT_SWITCH",
+]
 
 
 @dataclass(frozen=True)
@@ -38,19 +56,30 @@ class CheckResult:
 class _Check:
     fn: Callable[[object], None]
     hint: str
+    after_pass: Callable[[object], str | None] | None = None
 
 
 CHECKS: dict[str, _Check] = {}
 
+#: The environment variable that turns the after-pass reports off when it is ``0``.
+REPORT_SWITCH = "ATTNBOOK_COMPILE_REPORT"
 
-def register(label: str, hint: str) -> Callable:
+
+def register(
+    label: str, hint: str, after_pass: Callable[[object], str | None] | None = None
+) -> Callable:
     """Register ``fn(student_object)`` as the check for ``label``; it raises
-    ``AssertionError`` on a wrong answer."""
+    ``AssertionError`` on a wrong answer. ``after_pass(student_object)``, if given,
+    returns a report (text, or ``None``) that :func:`check` prints after a pass."""
+    if after_pass is not None and not callable(after_pass):
+        raise TypeError(
+            f"register: after_pass must be callable or None, got {after_pass!r:.60}"
+        )
 
     def decorator(fn: Callable[[object], None]) -> Callable[[object], None]:
         if label in CHECKS:
             raise ValueError(f"exercise label {label!r} is registered twice")
-        CHECKS[label] = _Check(fn, hint)
+        CHECKS[label] = _Check(fn, hint, after_pass)
         return fn
 
     return decorator
@@ -89,12 +118,47 @@ def run_check(label: str, student: object) -> CheckResult:
         )
 
 
+def reports_wanted() -> bool:
+    """Whether :func:`check` makes the after-pass reports: not when
+    ``ATTNBOOK_COMPILE_REPORT`` is ``0`` (or ``false``, ``no``, ``off``), and not while
+    otter-grader grades the notebook (its ``Notebook`` is in grading mode)."""
+    switch = os.environ.get(REPORT_SWITCH, "").strip().lower()
+    if switch in ("0", "false", "no", "off"):
+        return False
+    otter = sys.modules.get("otter")  # imported by otter's first cell when it grades
+    notebook = getattr(otter, "Notebook", None)
+    return not getattr(notebook, "_grading_mode", False)
+
+
+def _after_pass(entry: _Check, student: object) -> str | None:
+    """The report of ``entry``'s after-pass hook on ``student``; a hook that raises
+    gives one line that says why there is no report."""
+    try:
+        report = entry.after_pass(student)
+    except Exception as err:
+        last = (str(err).strip().splitlines() or ["(no message)"])[-1]
+        why = f"{type(err).__name__}: {last}"  # a Triton error's last line says why
+        return f"(No report after the pass, the verdict stands: {why[:300]})"
+    if report is not None and not isinstance(report, str):
+        return (
+            "(No report after the pass, the verdict stands: the report hook returned "
+            f"{type(report).__name__}, not text)"
+        )
+    return report
+
+
 def check(label: str, student: object) -> CheckResult:
     """Run the check registered for ``label`` on the student's object and print the
-    verdict."""
+    verdict; after a pass, print the check's after-pass report too, unless
+    :func:`reports_wanted` says no. The report never changes the verdict."""
     result = run_check(label, student)
     mark = "PASSED" if result.passed else "FAILED"
     print(f"[{mark}] {label}: {result.message}")
+    entry = CHECKS[label]
+    if result.passed and entry.after_pass is not None and reports_wanted():
+        report = _after_pass(entry, student)
+        if report:
+            print(report)
     return result
 
 

@@ -8,11 +8,18 @@ NaN (rows and columns past the end read as NaN), so a load that leaves its tenso
 up as NaN in the output; the launchers catch stores that leave theirs. Accuracy follows
 FlashAttention-2's rule: the error against a float64 reference is at most twice the
 error of PyTorch in the kernel's dtype, plus a small absolute slack.
+
+After a pass, ``attnbook.exercises.check`` prints what the kernel would cost on a T4, an
+A100 and an H100 (:func:`attnbook.kernels.lab.cost_report`: registers, spills and shared
+memory with the tiles a GPU would run, and on a GPU the forward pass timed against
+SDPA); the grader's :func:`~attnbook.exercises.run_check` does not.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import textwrap
 
 import torch
 
@@ -108,6 +115,25 @@ def _name(dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
+def _cost_report(student) -> str:
+    """The after-pass report of every check here: the kernel in ``student``,
+    ``functools.partial(launcher, kernel)``, compiled for the lab's GPUs with the
+    launcher's tiles (:func:`attnbook.kernels.lab.cost_report`)."""
+    from ..kernels import lab  # imports triton: only when a report is made
+
+    launchers = {getattr(lab, name) for name in lab.GPU_CONSTEXPRS}
+    is_partial = isinstance(student, functools.partial) and student.args
+    kernel = student.args[0] if is_partial else None
+    if not is_partial or student.func not in launchers or not hasattr(kernel, "fn"):
+        return textwrap.fill(
+            "No compile report: there is no kernel to report on (the check's "
+            "argument is not functools.partial(<the lab's launcher>, <your "
+            "@triton.jit kernel>)).",
+            86,
+        )
+    return lab.cost_report(student.func, kernel)
+
+
 # --------------------------------------------------------------------------------------
 # 1. Row-wise softmax
 # --------------------------------------------------------------------------------------
@@ -147,6 +173,7 @@ def _softmax_slips(x: torch.Tensor, dtype) -> list:
 
 @register(
     "kernel-lab-softmax",
+    after_pass=_cost_report,
     hint="one program per row: cols = tl.arange(0, BLOCK), load with mask=cols < "
     "n_cols and other=-inf, compute in float32, subtract tl.max(x, 0), divide exp by "
     "its tl.sum, store with the same mask.",
@@ -185,6 +212,7 @@ def _check_softmax(student) -> None:
 # --------------------------------------------------------------------------------------
 @register(
     "kernel-lab-matmul",
+    after_pass=_cost_report,
     hint="program (i, j) owns C's tile rows i*BLOCK_M.., columns j*BLOCK_N..; a "
     "float32 tl.zeros accumulator; loop k0 over range(0, K, BLOCK_K), load the A and "
     "B tiles with masks rows < M & ks < K and ks < K & cols < N (other=0), acc += "
@@ -313,6 +341,7 @@ def _empty_rows_note(L, S, causal):
 
 @register(
     "kernel-lab-attention-forward",
+    after_pass=_cost_report,
     hint="one program per query tile: load q once; m = -inf, l = 0, acc = 0 (float32); "
     "for each key tile up to min(S, (pid + 1) * BLOCK_M + S - L) when CAUSAL: s = "
     "tl.dot(q, tl.trans(k)) * scale, -inf where keys >= S or (CAUSAL) key > row + S - "
@@ -458,6 +487,7 @@ def _dkdv(q, k, v, do, out, lse, allowed, scale, delta=True):
 
 @register(
     "kernel-lab-attention-backward",
+    after_pass=_cost_report,
     hint="one program per key tile: load k, v once; dk = dv = 0 (float32); for each "
     "query tile (from the first that sees the tile, when CAUSAL): p = exp(s - lse) "
     "with s = scale q k^T masked to -inf; dv += p^T do; dp = do v^T; ds = p * (dp - "
@@ -530,6 +560,7 @@ def _expand(layout: torch.Tensor, L: int, S: int) -> torch.Tensor:
 
 @register(
     "kernel-lab-block-sparse",
+    after_pass=_cost_report,
     hint="one program per query block: for idx in range(tl.load(ROW_PTR + block), "
     "tl.load(ROW_PTR + block + 1)), the key block is tl.load(COL_IDX + idx); run the "
     "online-softmax update of the attention kernel on that block only (keys >= S "

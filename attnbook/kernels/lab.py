@@ -13,9 +13,12 @@ would cost on named GPUs.
   program instance, which rows of each named tensor it read; :func:`plot_loads` draws
   them, one panel per program.
 * **Cost.** :func:`compile_report` compiles a kernel for a T4, an A100 and an H100
-  without a GPU, with :mod:`attnbook.kernels.compile`'s worker, and
-  :func:`format_report` says in plain words whether it launches and spills.
-  :func:`time_forward` times an attention kernel against PyTorch's SDPA on a GPU.
+  without a GPU, with :mod:`attnbook.kernels.compile`'s worker (once per kernel source,
+  tiles and dtype in a process), and :func:`format_report` says in plain words whether
+  it launches and spills. :func:`time_forward` times an attention kernel against
+  PyTorch's SDPA on a GPU. :func:`cost_report` puts them together for a launcher's
+  kernel with the tiles of :data:`GPU_CONSTEXPRS`: what the lab's checks print after a
+  pass.
 
 Importing this module on a machine without a CUDA GPU turns on Triton's interpreter
 when ``triton`` is not imported yet: the lab's chapter imports it first.
@@ -30,6 +33,7 @@ import math
 import os
 import subprocess
 import sys
+import textwrap
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +64,8 @@ __all__ = [
     "compile_report",
     "format_report",
     "time_forward",
+    "GPU_CONSTEXPRS",
+    "cost_report",
 ]
 
 #: The tile the launchers ask for (16 rows, the smallest ``tl.dot`` takes).
@@ -619,6 +625,9 @@ def _has_seaborn() -> bool:
 _FLOAT32_POINTERS = ("LSE", "DELTA", "DK", "DV")
 _INT32_POINTERS = ("ROW_PTR", "COL_IDX")
 _SIZES = ("L", "S", "M", "N", "K")  # sizes in capitals, as the formulas write them
+# What compile_report compiled in this process: the worker's rows by (kernel source,
+# name, dtype, constexprs, targets), so that a check cell run again compiles nothing.
+_COMPILED: dict[tuple, list] = {}
 
 
 def variants(source: str, name: str, dtype: str, constexprs: dict) -> list:
@@ -630,12 +639,15 @@ def variants(source: str, name: str, dtype: str, constexprs: dict) -> list:
     ``ROW_PTR``, ``COL_IDX`` to int32, the others to ``dtype``) except the sizes ``L``,
     ``S``, ``M``, ``N`` and (in a kernel without a ``Q``, the matrix product's) ``K``;
     ``scale`` is a float, the rest are 32-bit integers."""
+    import atexit
     import importlib.util
+    import shutil
     import tempfile
 
     from .variants import Variant, specialize
 
     folder = tempfile.mkdtemp(prefix="attnbook-lab-")
+    atexit.register(shutil.rmtree, folder, True)  # when the worker process ends
     path = os.path.join(folder, "student_kernel.py")
     with open(path, "w") as f:
         f.write("import triton\nimport triton.language as tl\n\n" + source)
@@ -720,8 +732,10 @@ def compile_report(
     and shared memory per target.
 
     The kernel is compiled in a fresh process without ``TRITON_INTERPRET`` (a process
-    that interprets cannot compile), by :mod:`attnbook.kernels.compile`'s worker; a
-    kernel that does not compile raises ``ValueError`` with Triton's message.
+    that interprets cannot compile), by :mod:`attnbook.kernels.compile`'s worker, once
+    per source text, ``constexprs``, ``dtype`` and ``targets`` in this process (a second
+    call with the same ones compiles nothing); a kernel that does not compile raises
+    ``ValueError`` with Triton's message.
     """
     from .compile import Resources
 
@@ -746,6 +760,21 @@ def compile_report(
     triton_dtype = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32"}[short]
     job = {"source": source, "name": name, "dtype": triton_dtype,
            "constexprs": dict(constexprs), "targets": list(targets)}  # fmt: skip
+    key = (source, name, triton_dtype, json.dumps(job["constexprs"], sort_keys=True),
+           targets)  # fmt: skip
+    if key not in _COMPILED:
+        _COMPILED[key] = _compile_in_worker(job)
+    done = _COMPILED[key]
+    width = int(constexprs.get("HEAD_DIM", constexprs.get("BLOCK", 0)))
+    return [
+        Resources(capability=cc, dtype=short, head_dim=width, **{**row, "config": None})
+        for cc, row in zip(targets, done)
+    ]
+
+
+def _compile_in_worker(job: dict) -> list:
+    """The worker's rows for ``job``, from a fresh Python process without the
+    interpreter."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
     root = str(Path(__file__).resolve().parents[2])
@@ -761,12 +790,7 @@ def compile_report(
     if run.returncode:
         last = (run.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise ValueError(f"compile_report: Triton could not compile the kernel: {last}")
-    done = json.loads(run.stdout)
-    width = int(constexprs.get("HEAD_DIM", constexprs.get("BLOCK", 0)))
-    return [
-        Resources(capability=cc, dtype=short, head_dim=width, **{**row, "config": None})
-        for cc, row in zip(targets, done)
-    ]
+    return json.loads(run.stdout)
 
 
 def format_report(resources: list) -> str:
@@ -788,12 +812,15 @@ def format_report(resources: list) -> str:
             f"sm{r.capability} {gpu:<5}{r.registers:>4} registers "
             f"{r.local + r.stack:>6} B spilled {r.shared / 1024:6.1f} KiB shared: "
         )
-        ok, why = fits(r)
-        if ok:
+        limit = TARGETS[r.capability].shared
+        if fits(r)[0]:
             lines.append(head + "fits")
-        elif r.shared > TARGETS[r.capability].shared:
+        elif r.shared > limit:
             lines.append(head + "WOULD NOT LAUNCH")
-            lines.append(f"    {why}: use smaller tiles")
+            lines.append(
+                f"    it needs {r.shared // 1024} KiB of shared memory, the {gpu} "
+                f"allows {limit // 1024} KiB per block: smaller tiles"
+            )
         else:
             lines.append(head + "SPILLS")
             lines.append(
@@ -833,3 +860,56 @@ def time_forward(
         )
     )
     return {"yours": yours, "sdpa": sdpa}
+
+
+#: The constexprs :func:`cost_report` compiles each launcher's kernel with: tiles a
+#: GPU would run (the launchers' 16-row tiles are for the interpreter), a head of 64,
+#: rows of 4,096 scores; the backward pass walks 32 queries at a time past its 64 keys,
+#: as Triton's fused-attention tutorial does.
+GPU_CONSTEXPRS: dict[str, dict] = {
+    "softmax": dict(BLOCK=4096),
+    "matmul": dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=32),
+    "attention_forward": dict(BLOCK_M=64, BLOCK_N=64, HEAD_DIM=64, CAUSAL=True),
+    "attention_backward": dict(BLOCK_M=32, BLOCK_N=64, HEAD_DIM=64, CAUSAL=True),
+    "block_sparse_forward": dict(BLOCK=64, HEAD_DIM=64),
+}
+
+
+def cost_report(launcher, kernel, dtype: torch.dtype = torch.float16) -> str:
+    """What ``kernel``, written for the lab's ``launcher`` (:func:`softmax`, ...,
+    :func:`block_sparse_forward`), would cost on a GPU: a heading naming the tiles of
+    :data:`GPU_CONSTEXPRS`, then :func:`format_report` of :func:`compile_report` for
+    the lab's targets (a T4, an A100, an H100) in ``dtype``. On a CUDA GPU, for
+    :func:`attention_forward`, a last line gives :func:`time_forward`'s milliseconds
+    against SDPA (the other kernels have no SDPA call doing the same work). Raises
+    ``ValueError`` for another launcher, and what :func:`compile_report` raises."""
+    name = getattr(launcher, "__name__", None)
+    if name not in GPU_CONSTEXPRS or launcher is not globals()[name]:
+        raise ValueError(
+            f"cost_report: launcher must be one of the lab's launchers "
+            f"({', '.join(GPU_CONSTEXPRS)}), got {launcher!r:.60}"
+        )
+    if getattr(kernel, "fn", None) is None:
+        raise TypeError(
+            f"cost_report: kernel must be a @triton.jit function, got {kernel!r:.40}"
+        )
+    if dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(
+            f"cost_report: dtype must be float16, bfloat16 or float32, got {dtype}"
+        )
+    constexprs = GPU_CONSTEXPRS[name]
+    report = compile_report(kernel, constexprs, dtype, LAB_TARGETS)
+    tiles = ", ".join(f"{k}={v}" for k, v in constexprs.items())
+    short = str(dtype).removeprefix("torch.")
+    heading = f"On a GPU ({short}, 4 warps; {tiles}):"  # the worker's 4 warps
+    lines = [textwrap.fill(heading, 86), format_report(report)]
+    if name == "attention_forward" and torch.cuda.is_available():
+        times = time_forward(kernel, seq_len=4096, head_dim=64)
+        yours, sdpa = times["yours"], times["sdpa"]
+        timed = (
+            f"On this {torch.cuda.get_device_name()}, one causal head of 4,096 tokens: "
+            f"your kernel {yours:.3f} ms, SDPA {sdpa:.3f} ms (through the lab's "
+            "launcher, whose 16-row tiles are built for checking, not speed)."
+        )
+        lines.append(textwrap.fill(timed, 86))
+    return "\n".join(lines)
