@@ -515,14 +515,14 @@ def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
                 cells.append(cell)
             for label in (label for label in labels if label in written):
                 worth = _exercise_points(nb, label)
-                answer = nbformat.v4.new_markdown_cell(
-                    WRITTEN_PROMPT.format(
+                model = written[label] or "(The book gives no model answer.)"
+                answer = nbformat.v4.new_markdown_cell(  # the prompt stays, the model
+                    WRITTEN_PROMPT.format(  # answer becomes "YOUR ANSWER HERE"
                         label=label,
                         points=worth,
                         unit="point" if worth == 1 else "points",
                     )
-                    + "\n\n"
-                    + (written[label] or "(The book gives no model answer.)"),
+                    + f"\n\n{BEGIN}\n{model}\n{END}",
                     id=f"{label}-answer"[:64],
                 )
                 answer.metadata["nbgrader"] = _nbgrader_meta(

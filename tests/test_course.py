@@ -263,6 +263,9 @@ def test_nbgrader_source_marks_answers_and_tests_and_drops_written_solutions():
     for answer in ("x = 1", "A second, colon-fenced answer.", "Only a solution in this cell."):
         assert answer in why.source, "the model answers, which generate_assignment replaces"
     assert ":class:" not in why.source and "{solution}" not in why.source
+    prompt = course.WRITTEN_PROMPT.format(label="test-why", points=1, unit="point")
+    assert why.source.startswith(prompt + "\n\n" + course.BEGIN + "\n")  # the prompt is kept
+    assert why.source.endswith("\n" + course.END)  # only the model answer is replaced
     answers = [cell for cell in source.cells if cell.metadata.get("nbgrader", {}).get("solution")
                and cell.cell_type == "code"]
     assert all(course.BEGIN in cell.source for cell in answers), "nbgrader strips the solutions itself"
@@ -361,12 +364,14 @@ def test_nbgrader_config_is_python_that_sets_the_timeout_and_one_thread(monkeypa
     from traitlets.config import Config
 
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.delenv("ATTNBOOK_COMPILE_REPORT", raising=False)
     config = Config()
     text = course.nbgrader_config({"attention": 10.0, "positional": 50.0})
     exec(text, {"get_config": lambda: config})
     assert config.Execute.timeout == 200 and list(config.Execute) == ["timeout"]
     assert "50.0 s (positional)" in text and "attnbook[grading]" in text
     assert os.environ.pop("OMP_NUM_THREADS") == "1"
+    assert os.environ.pop("ATTNBOOK_COMPILE_REPORT") == "0"  # no GPU report when grading
 
 
 def test_make_nbgrader_source_measures_the_timeout_from_executed_notebooks(tmp_path):

@@ -30,8 +30,13 @@ def _imports(source: str) -> bool:
 
 
 def cut(nb):
+    """The chapter's imports, answers and checks only; the points of the written exercises (in
+    the markdown cut away) leave the metadata with them."""
     nb.cells = [c for c in nb.cells if c.cell_type == "code" and (
         "solution" in c.metadata.get("tags", []) or "check(" in c.source or _imports(c.source))]
+    checked = set(course.expected_labels(nb))
+    points = nb.metadata.get("attnbook", {}).get("points", {})
+    nb.metadata.setdefault("attnbook", {})["points"] = {k: v for k, v in points.items() if k in checked}
     return nb
 
 

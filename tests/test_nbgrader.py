@@ -19,12 +19,11 @@ import shutil
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import nbformat
 import pytest
-from environments import linked_venv
+import environments
 
 import attnbook.exercises
 from attnbook import course
@@ -37,6 +36,7 @@ ENV = {
     "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
 }
 CHAPTERS = ("attention", "graph_attention")
+BY_HAND = "attention-equivariance"  # the written exercise the instructor grades (2 points)
 # One wrong answer per chapter: (the exercise's label, the answer cell's new source).
 WRONG = {
     "attention": (
@@ -141,8 +141,11 @@ def course_run(tmp_path_factory):
     os.environ["PATH"] = ENV["PATH"]  # for the Gradebook opened here
 
     with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as gb:
-        grade = gb.find_grade("attention-equivariance", "attention", "attention", "solved")
-        grade.manual_score = 1
+        grade = gb.find_grade(BY_HAND, "attention", "attention", "solved")
+        assert grade.needs_manual_grade and grade.auto_score is None, "autograde leaves it to us"
+        # full marks, as formgrader records them: the score, and no manual grade pending
+        grade.manual_score = grade.max_score
+        grade.needs_manual_grade = False
         gb.db.commit()
 
     start = time.monotonic()
@@ -173,10 +176,24 @@ def test_released_notebooks_hide_solutions_and_keep_written_answer_cells(course_
         assert [k for k, m in cells.items() if not m["solution"]] == course.expected_labels(book)
         written = course.written_exercises(book)
         assert written, f"{chapter} has a written exercise"
+        metadata = book.metadata["attnbook"]["points"]
         for label in written:
             answer = next(c for c in release.cells if c.metadata.get("nbgrader", {}).get("grade_id") == label)
-            assert answer.cell_type == "markdown" and answer.source == "YOUR ANSWER HERE"
-            assert cells[label]["solution"] and cells[label]["points"] > 0
+            worth = metadata[label]
+            prompt = course.WRITTEN_PROMPT.format(label=label, points=worth,
+                                                  unit="point" if worth == 1 else "points")
+            assert answer.cell_type == "markdown", label
+            assert answer.source == prompt + "\n\nYOUR ANSWER HERE", "the prompt and its points stay"
+            assert cells[label]["solution"] and cells[label]["points"] == metadata[label], (
+                f"{chapter}: {label} is worth the chapter's metadata.attnbook.points")
+
+
+def test_a_written_exercise_is_worth_its_metadata_points_not_a_fixed_point(course_run):
+    book = nbformat.read(ROOT / "book" / "attention.ipynb", as_version=4)
+    assert BY_HAND in course.written_exercises(book)
+    assert book.metadata["attnbook"]["points"][BY_HAND] == 2
+    source = nbformat.read(course_run / "source" / "attention" / "attention.ipynb", as_version=4)
+    assert graded(source)[BY_HAND]["points"] == 2
 
 
 def test_scores_are_zero_full_and_full_minus_the_wrong_exercise(course_run):
@@ -187,7 +204,7 @@ def test_scores_are_zero_full_and_full_minus_the_wrong_exercise(course_run):
         book = nbformat.read(ROOT / "book" / f"{chapter}.ipynb", as_version=4)
         auto = {label: course._exercise_points(book, label) for label in course.expected_labels(book)}
         manual = {label: course._exercise_points(book, label) for label in course.written_exercises(book)}
-        by_hand = 1 if chapter == "attention" else 0  # the manual grade given above
+        by_hand = manual[BY_HAND] if chapter == "attention" else 0  # the grade given above
         for student, score in [
             ("blank", 0),
             ("solved", sum(auto.values()) + by_hand),
@@ -198,6 +215,32 @@ def test_scores_are_zero_full_and_full_minus_the_wrong_exercise(course_run):
                 f"{chapter}: the written exercises count in nbgrader's total"
             )
             assert float(row["score"]) == score, (chapter, student, row)
+
+
+def test_the_gradebook_totals_count_written_points_and_flag_written_answers_for_grading(course_run):
+    """nbgrader's own gradebook: each chapter's maximum holds its written exercises' points,
+    and a written answer that a student wrote waits for the instructor; an untouched one
+    scores 0 by itself; the one graded above has its points and waits no more."""
+    from nbgrader.api import Gradebook
+
+    with Gradebook(f"sqlite:///{course_run / 'gradebook.db'}") as gb:
+        for chapter in CHAPTERS:
+            book = nbformat.read(ROOT / "book" / f"{chapter}.ipynb", as_version=4)
+            points = book.metadata["attnbook"]["points"]
+            written = list(course.written_exercises(book))
+            assert gb.find_assignment(chapter).max_score == sum(points.values()), chapter
+            assert all(gb.find_grade_cell(w, chapter, chapter).max_score == points[w] for w in written)
+            for student in ("blank", "solved", "wrong"):
+                submission = gb.find_submission_notebook(chapter, chapter, student)
+                grades = [gb.find_grade(w, chapter, chapter, student) for w in written]
+                state = [(g.auto_score, g.manual_score, g.needs_manual_grade) for g in grades]
+                if student == "blank":
+                    assert state == [(0, None, False)] * len(written), (chapter, student)
+                elif (chapter, student) == ("attention", "solved"):
+                    assert state == [(None, points[BY_HAND], False)], (chapter, student)
+                else:
+                    assert state == [(None, None, True)] * len(written), (chapter, student)
+                assert submission.needs_manual_grade == any(s[2] for s in state), (chapter, student)
 
 
 def test_no_cell_of_a_solved_chapter_errors_under_autograde(course_run):
@@ -228,18 +271,11 @@ def test_feedback_shows_each_failed_checks_own_message(course_run):
 # ---------------------------------------------------------------------------------------------
 # Every chapter under autograde, in a fresh environment built from the `grading` extra alone
 # ---------------------------------------------------------------------------------------------
-def grading_requirements() -> list[str]:
-    """What an instructor's grading kernel installs: attnbook's own dependencies and its
-    `grading` extra (pyproject.toml), plus nbgrader itself."""
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    return [*project["dependencies"], *project["optional-dependencies"]["grading"], "nbgrader==0.9.6"]
-
-
 def grading_venv(where: Path) -> dict[str, str]:
-    """A new venv holding only the closure of grading_requirements() (hard-linked from this
-    environment, tests/environments.py) and attnbook itself, its `python3` kernel its own;
-    returns the environment to run it in."""
-    python = linked_venv(where / "venv", [*grading_requirements(), "setuptools"])
+    """A new venv holding only attnbook, its dependencies, its `grading` extra and nbgrader
+    itself (hard-linked from this environment, tests/environments.py), its `python3` kernel
+    its own; returns the environment to run it in."""
+    python = environments.grading_venv(where / "venv", ROOT, ["nbgrader==0.9.6"])
     bin_dir = python.parent
     env = {k: v for k, v in ENV.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
     env |= {
@@ -248,7 +284,6 @@ def grading_venv(where: Path) -> dict[str, str]:
         "PIP_DISABLE_PIP_VERSION_CHECK": "1",
     }
     for args in (
-        ["-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation", "-e", str(ROOT)],
         ["-m", "ipykernel", "install", "--sys-prefix", "--name", "python3"],
         ["-c", "import attnbook, sklearn, networkx, triton, nbgrader"],
     ):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -55,11 +56,11 @@ def otter(folder: Path, *args: str) -> str:
 @pytest.fixture(scope="module")
 def otter_run(tmp_path_factory):
     """Export, assign, and grade three submissions; returns (folder, results by
-    student)."""
+    student, otter assign's log)."""
     home = tmp_path_factory.mktemp("otter")
     assert course.main(["otter", str(home / "masters"), "--book", str(ROOT / "book")]) == 0
     folder = home / "masters" / CHAPTER
-    otter(folder, "assign", f"{CHAPTER}.ipynb", "dist")
+    assigned = otter(folder, "assign", "-v", f"{CHAPTER}.ipynb", "dist")  # -v: the points summary
     (zip_path,) = (folder / "dist" / "autograder").glob("*.zip")
     blank = folder / "dist" / "student" / f"{CHAPTER}.ipynb"
     solved = folder / "dist" / "autograder" / f"{CHAPTER}.ipynb"
@@ -76,11 +77,11 @@ def otter_run(tmp_path_factory):
         otter(home, "run", "-a", str(zip_path), "-o", str(out), str(path))
         tests = json.loads((out / "results.json").read_text())["tests"]
         results[student] = {t["name"]: t for t in tests if "score" in t}
-    return folder, results
+    return folder, results, assigned
 
 
 def test_assign_writes_a_student_notebook_without_solutions_or_tests(otter_run):
-    folder, _ = otter_run
+    folder, _, _ = otter_run
     student = nbformat.read(folder / "dist" / "student" / f"{CHAPTER}.ipynb", as_version=4)
     text = "\n".join(c.source for c in student.cells)
     assert "BEGIN SOLUTION" not in text and "{solution}" not in text and "_verdict" not in text
@@ -94,7 +95,7 @@ def test_assign_writes_a_student_notebook_without_solutions_or_tests(otter_run):
 
 
 def test_scores_are_zero_full_and_full_minus_the_wrong_exercise(otter_run):
-    _, results = otter_run
+    _, results, _ = otter_run
     book = nbformat.read(ROOT / "book" / f"{CHAPTER}.ipynb", as_version=4)
     labels = course.expected_labels(book)
     points = {label: course._exercise_points(book, label) for label in labels}
@@ -108,10 +109,28 @@ def test_scores_are_zero_full_and_full_minus_the_wrong_exercise(otter_run):
 
 
 def test_the_wrong_tests_output_is_the_checks_own_verdict(otter_run):
-    _, results = otter_run
+    _, results, _ = otter_run
     space = {"torch": torch}
     exec(WRONG, space)  # noqa: S102 (our own test's answer)
     verdict = attnbook.exercises.run_check(WRONG_LABEL, space["gcn_propagation_matrix"])
     assert not verdict.passed
     output = results["wrong"][WRONG_LABEL]["output"]
     assert f"AssertionError: {verdict.message}" in output, output
+
+
+def test_a_written_exercise_is_a_manual_question_worth_its_metadata_points(otter_run):
+    """The manual question carries the chapter's metadata.attnbook.points, and otter's own
+    summary of the assignment (`otter assign -v`) counts them in its total."""
+    folder, _, assigned = otter_run
+    book = nbformat.read(ROOT / "book" / f"{CHAPTER}.ipynb", as_version=4)
+    points = book.metadata["attnbook"]["points"]
+    written = course.written_exercises(book)
+    assert written and all(points[label] == 2 for label in written), "a ★★★ written exercise"
+    master = nbformat.read(folder / f"{CHAPTER}.ipynb", as_version=4)
+    for label in written:
+        config = f"# BEGIN QUESTION\nname: {label}\nmanual: true\npoints: {points[label]}"
+        assert any(c.cell_type == "raw" and c.source == config for c in master.cells), label
+        assert re.search(rf"^\d+\s+{re.escape(label)}\s+{points[label]}\s+True$", assigned, re.M), assigned
+    manual = sum(points[label] for label in written)
+    auto = sum(points[label] for label in course.expected_labels(book))
+    assert f"Total points: {auto + manual}\nAutograded:   {auto}\nManual:       {manual}\n" in assigned, assigned

@@ -8,6 +8,8 @@ and command-line option a workflow calls exists.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
 import subprocess
 import sys
@@ -120,3 +122,87 @@ def test_everything_a_workflow_calls_exists(path):
     for module in re.findall(r"-m (attnbook\.\w+)", runs):
         assert (ROOT / (module.replace(".", "/") + ".py")).exists() or (
             ROOT / module.replace(".", "/") / "__main__.py").exists(), f"{path.name}: no {module}"
+
+
+# ---------------------------------------------------------------------------------------------
+# .ci/run: the chapters executed in a kernel from the grading extra alone (tools/grading_kernel.py)
+# ---------------------------------------------------------------------------------------------
+_spec = importlib.util.spec_from_file_location("grading_kernel", ROOT / "tools" / "grading_kernel.py")
+grading_kernel = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(grading_kernel)
+
+
+def test_ci_builds_the_book_in_the_grading_kernel_and_checks_the_kernels_log():
+    lines = [line.strip() for line in (ROOT / ".ci/run").read_text().splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    build = lines.index(".venv/bin/python tools/grading_kernel.py build _build/grading-kernel")
+    test = lines.index("make test BOOK_KERNELS=_build/grading-kernel")
+    check = lines.index(".venv/bin/python tools/grading_kernel.py check _build/grading-kernel")
+    assert lines.index("make install") < build < test < check == len(lines) - 1
+    assert not any(re.match(r"make (book|test)\b", line) for line in lines[:test]), "one book build"
+
+
+def _book_command(*variables: str) -> str:
+    done = subprocess.run(["make", "-n", "-o", ".venv/.installed", "book", *variables], cwd=ROOT,
+                          capture_output=True, text=True, check=True)
+    return next(line for line in done.stdout.splitlines() if "jupyter-book build" in line)
+
+
+def test_only_book_kernels_puts_a_kernel_first_on_jupyter_path_for_the_book_build():
+    assert _book_command("BOOK_KERNELS=/ci/kernel").startswith(
+        'JUPYTER_PATH="/ci/kernel${JUPYTER_PATH:+:$JUPYTER_PATH}" .venv/bin/jupyter-book build')
+    assert _book_command().startswith(".venv/bin/jupyter-book build"), "a reader's `make book`"
+    test = subprocess.run(["make", "-n", "-o", ".venv/.installed", "-o", "book", "test",
+                           "BOOK_KERNELS=/ci/kernel"], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert "JUPYTER_PATH" not in test.stdout, "the tests run in .venv's kernels"
+
+
+def _kernel_log(where: Path, book: Path, **change) -> tuple[list[str], list[str]]:
+    """grading_kernel.check on a log in which one kernel of ``where/venv`` ran each
+    chapter of ``book`` (fields of the first kernel's records replaced by ``change``)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from environments import grading_requirements, installed_closure
+
+    seen = sorted(set(installed_closure([*grading_requirements(ROOT), "setuptools", "pip"])) | {"attnbook"})
+    records = []
+    for n, chapter in enumerate(sorted(book.glob("*.ipynb"))):
+        start = {"prefix": str(where / "venv"), "python": "3.11", "path": [str(where / "venv")],
+                 "distributions": seen}
+        code = ["".join(c["source"]) for c in json.loads(chapter.read_text())["cells"] if c["cell_type"] == "code"]
+        cells = [{"cell": grading_kernel.digest(source), "error": False, "foreign": []}
+                 for source in code if source.strip()]  # nbclient skips blank cells
+        if n == 0:
+            start |= {k: v for k, v in change.items() if k in start}
+            cells[-1] |= {k: v for k, v in change.items() if k in cells[-1]}
+        records += [{"kernel": str(n), **record} for record in [start, *cells]]
+    (where / grading_kernel.LOG).write_text("".join(json.dumps(r) + "\n" for r in records))
+    return grading_kernel.check(where, book)
+
+
+def test_the_grading_kernel_check_fails_unless_every_chapter_ran_there_and_reached_nothing_else(tmp_path):
+    book = tmp_path / "book"
+    book.mkdir()
+    for name in ("one", "two"):
+        nb = {"cells": [{"cell_type": "markdown", "source": ["# ", name]},
+                        {"cell_type": "code", "source": [f"x = '{name}'\n", "print(x)"]},
+                        {"cell_type": "code", "source": ["  \n"]},  # never executed
+                        {"cell_type": "code", "source": ["import attnbook"]}]}
+        (book / f"{name}.ipynb").write_text(json.dumps(nb))
+    proof, failures = _kernel_log(tmp_path, book)
+    assert not failures and proof[0].startswith(f"2 of 2 chapters in {book} ran")
+    assert "pytest" in proof[2], "the proof names the test environment's packages it lacked"
+    elsewhere = "/elsewhere/lib/python3.11/site-packages"
+    bad = {
+        "ran in": {"prefix": str(ROOT / ".venv")},
+        "other distributions": {"distributions": ["attnbook", "pytest"]},
+        "reached another environment: sys.path": {"path": [elsewhere]},
+        "modules ['pytest": {"foreign": [f"pytest ({elsewhere}/pytest/__init__.py)"]},
+        "a cell raised": {"error": True},
+    }
+    for message, change in bad.items():
+        assert any(message in f for f in _kernel_log(tmp_path, book, **change)[1]), message
+    assert not _kernel_log(tmp_path, book)[1]  # a clean log of one and two
+    (book / "three.ipynb").write_text((book / "one.ipynb").read_text().replace("one", "three"))
+    failures = grading_kernel.check(tmp_path, book)[1]
+    assert failures == [f"three.ipynb: no kernel of {tmp_path} ran its 2 code cells (the book build "
+                        "did not execute it there: did it reuse an older cache?)"]
