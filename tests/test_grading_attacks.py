@@ -61,6 +61,9 @@ def mini_chapter():
     setup.id = "setup-cell"
     nb.cells = [setup] + [c for c in nb.cells if c.cell_type == "code"
                           and ("solution" in c.metadata.get("tags", []) or "check(" in c.source)]
+    checked = set(course.expected_labels(nb))  # the written exercise left with the markdown
+    points = nb.metadata["attnbook"]["points"]
+    nb.metadata["attnbook"]["points"] = {k: v for k, v in points.items() if k in checked}
     return nb
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -142,9 +143,16 @@ def test_ci_builds_the_book_in_the_grading_kernel_and_checks_the_kernels_log():
     assert not any(re.match(r"make (book|test)\b", line) for line in lines[:test]), "one book build"
 
 
+def _fresh_make_env() -> dict:
+    """The environment without what an enclosing `make` passes down (CI runs pytest under `make
+    test BOOK_KERNELS=...`, whose MAKEFLAGS would hand BOOK_KERNELS to every `make` below)."""
+    drop = ("MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "BOOK_KERNELS")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
 def _book_command(*variables: str) -> str:
     done = subprocess.run(["make", "-n", "-o", ".venv/.installed", "book", *variables], cwd=ROOT,
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True, check=True, env=_fresh_make_env())
     return next(line for line in done.stdout.splitlines() if "jupyter-book build" in line)
 
 
@@ -153,7 +161,8 @@ def test_only_book_kernels_puts_a_kernel_first_on_jupyter_path_for_the_book_buil
         'JUPYTER_PATH="/ci/kernel${JUPYTER_PATH:+:$JUPYTER_PATH}" .venv/bin/jupyter-book build')
     assert _book_command().startswith(".venv/bin/jupyter-book build"), "a reader's `make book`"
     test = subprocess.run(["make", "-n", "-o", ".venv/.installed", "-o", "book", "test",
-                           "BOOK_KERNELS=/ci/kernel"], cwd=ROOT, capture_output=True, text=True, check=True)
+                           "BOOK_KERNELS=/ci/kernel"], cwd=ROOT, capture_output=True, text=True, check=True,
+                          env=_fresh_make_env())
     assert "JUPYTER_PATH" not in test.stdout, "the tests run in .venv's kernels"
 
 
