@@ -80,6 +80,7 @@ ROWS = [
     Bad("plan_tiles", "zero", lambda: plan_tiles(0), ("plan_tiles", "head_dim")),
     Bad("plan_tiles", "non-integer", lambda: plan_tiles(64, l2_bytes=2.5e5), ("plan_tiles", "l2_bytes")),
     Bad("plan_tiles", "integer-dtype", lambda: plan_tiles(64, dtype=torch.int32), ("plan_tiles", "dtype")),
+    Bad("plan_tiles", "zero", lambda: plan_tiles(64, threads=0), ("plan_tiles", "threads")),
     Bad("hbm_accesses", "non-integer", lambda: hbm_accesses(1024, 64, 2.5e4), ("hbm_accesses", "sram_bytes")),
     Bad("hbm_accesses", "zero", lambda: hbm_accesses(0, 64, 2**16), ("hbm_accesses", "seq_len")),
 ]

@@ -652,11 +652,14 @@ def test_triton_without_a_gpu_or_the_interpreter_says_how_to_get_one(monkeypatch
 # plan_tiles: the CPU tile plan, and the tiled path without a copy of K and V under GQA
 # ---------------------------------------------------------------------------------------------
 @given(E=st.integers(1, 512), Ev=st.integers(1, 512), l1=st.integers(2**10, 2**20), l2=st.integers(2**14, 2**25),
-       double=st.booleans())
-def test_plan_tiles_fills_the_caches_as_documented(E, Ev, l1, l2, double):
+       double=st.booleans(), threads=st.integers(1, 12))
+def test_plan_tiles_fills_the_caches_as_documented(E, Ev, l1, l2, double, threads):
     dtype = torch.float64 if double else torch.float32
     w = 8 if double else 4
-    bq, bk = plan_tiles(E, Ev, dtype=dtype, l1_bytes=l1, l2_bytes=l2)
+    share, bk = plan_tiles(E, Ev, dtype=dtype, l1_bytes=l1, l2_bytes=l2, threads=threads)
+    split = 2 ** (threads.bit_length() - 1)  # the largest power of two <= threads
+    assert share % split == 0
+    bq = share // split  # one thread's rows: what its caches must hold
     assert bq & (bq - 1) == 0 and bk & (bk - 1) == 0  # powers of two
     assert 16 <= bq <= 256 and bq <= bk <= 4096
     # the query tile fits in L1 and is the largest power of two that does (within the bounds)
@@ -672,8 +675,10 @@ def test_plan_tiles_reads_the_caches_and_the_defaults_are_its_plan(monkeypatch):
     from attnbook import flash
 
     assert plan_tiles(64) == plan_tiles(64, l1_bytes=flash._cache_bytes(1, 2**15),
-                                        l2_bytes=flash._cache_bytes(2, 2**20))
-    assert plan_tiles(64, l1_bytes=2**15, l2_bytes=2**20) == (128, 512)  # the worked example of the chapter
+                                        l2_bytes=flash._cache_bytes(2, 2**20), threads=torch.get_num_threads())
+    caches = dict(l1_bytes=2**15, l2_bytes=2**20)
+    assert plan_tiles(64, **caches, threads=1) == (128, 512)  # the worked example of the chapter
+    assert plan_tiles(64, **caches, threads=2) == plan_tiles(64, **caches, threads=3) == (256, 512)
     seen = []
     monkeypatch.setattr(flash, "plan_tiles", lambda *a, **kw: seen.append(a) or (4, 8))
     gen = torch.Generator().manual_seed(0)
