@@ -810,6 +810,13 @@ def expected_labels(nb) -> list[str]:
 # --------------------------------------------------------------------------------------
 # Command line
 # --------------------------------------------------------------------------------------
+#: The ``--book`` option of the commands that read the chapters.
+_BOOK_OPTION = {
+    "default": "book",
+    "help": "folder with the chapter notebooks (default: book)",
+}
+
+
 def main(argv=None) -> int:
     """``python -m attnbook.course student|nbgrader|otter|grade ...``: see the module's
     docstring."""
@@ -822,20 +829,12 @@ def main(argv=None) -> int:
         "student", help="write student notebooks (solutions stubbed out) and a README"
     )
     student.add_argument("outdir", help="folder for the student notebooks")
-    student.add_argument(
-        "--book",
-        default="book",
-        help="folder with the chapter notebooks (default: book)",
-    )
+    student.add_argument("--book", **_BOOK_OPTION)
     nbg = commands.add_parser(
         "nbgrader", help="write nbgrader source notebooks, one assignment per chapter"
     )
     nbg.add_argument("outdir", help="nbgrader's source/ folder")
-    nbg.add_argument(
-        "--book",
-        default="book",
-        help="folder with the chapter notebooks (default: book)",
-    )
+    nbg.add_argument("--book", **_BOOK_OPTION)
     nbg.add_argument(
         "--points",
         type=float,
@@ -855,11 +854,7 @@ def main(argv=None) -> int:
         help="write otter-grader master notebooks (Gradescope), one per chapter",
     )
     otter.add_argument("outdir", help="folder for the master notebooks")
-    otter.add_argument(
-        "--book",
-        default="book",
-        help="folder with the chapter notebooks (default: book)",
-    )
+    otter.add_argument("--book", **_BOOK_OPTION)
     otter.add_argument(
         "--points",
         type=float,

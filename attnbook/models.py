@@ -63,7 +63,7 @@ from torch.nn import functional as F
 from .serving import LatentKVCache, MultiHeadLatentAttention
 from .contract import check_sizes as _check_sizes
 from .contract import check_key_padding_mask
-from .contract import check_flag, check_float
+from .contract import check_flag, check_float, check_int
 from .core import MultiHeadAttention, scaled_dot_product_attention
 from .data import BOS, EOS, PAD
 from .kernels import plan_for
@@ -1522,15 +1522,7 @@ def drophead_mask(
     every head gives zeros). Pass it as ``model(x, head_mask=...)`` in training only.
     """
     _check_sizes("drophead_mask", n_layers=n_layers, n_heads=n_heads)
-    if (
-        isinstance(batch_size, bool)
-        or not isinstance(batch_size, numbers.Integral)
-        or batch_size < 0
-    ):
-        raise ValueError(
-            f"drophead_mask: batch_size must be a non-negative integer, got "
-            f"{batch_size!r}"
-        )
+    check_int("drophead_mask", "batch_size", batch_size, 0)
     _check_rate("drophead_mask", "p", p)
     shape = (n_layers, batch_size, n_heads)
     keep = torch.rand(shape, generator=generator, device=device) >= p
