@@ -223,7 +223,12 @@ def online_softmax(x: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 def merge_partials(
-    out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor, lse_b: torch.Tensor
+    out_a: torch.Tensor,
+    lse_a: torch.Tensor,
+    out_b: torch.Tensor,
+    lse_b: torch.Tensor,
+    *,
+    inplace: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Combine attention over two disjoint key sets into attention over their union.
 
@@ -235,13 +240,18 @@ def merge_partials(
 
     This is the step FlashAttention takes for every new key block and flash-decoding
     takes to merge chunks of a KV cache. A side with ``lse = -inf`` (no visible key)
-    contributes nothing.
+    contributes nothing. ``inplace=True`` writes the result into ``out_a`` and
+    ``lse_a`` (views of larger buffers included) and returns them: no output-sized
+    temporary, for hot loops that merge into an accumulator.
     """
     _check_partials("merge_partials", out_a, lse_a, out_b, lse_b)
+    _check_flag("merge_partials", "inplace", inplace)
     lse = torch.logaddexp(lse_a, lse_b)
     safe = torch.where(torch.isfinite(lse), lse, 0.0)
     w_a = torch.exp(lse_a - safe)[..., None]
     w_b = torch.exp(lse_b - safe)[..., None]
+    if inplace:
+        return out_a.mul_(w_a).addcmul_(out_b, w_b), lse_a.copy_(lse)
     return w_a * out_a + w_b * out_b, lse
 
 

@@ -85,6 +85,29 @@ def test_merge_partials_of_a_key_split_equals_attention_over_all_keys(gen):
     torch.testing.assert_close(lse2, lse)
 
 
+def test_merge_partials_in_place_writes_the_same_result_into_the_first_partial(gen):
+    """inplace=True (block-sparse attention's accumulator): the result lands in out_a and lse_a, views of a
+    larger buffer included, equal to the out-of-place merge; the second partial is left as it was."""
+    q, k, v = _qkv(gen, 5, 12)
+    scores = q @ k.transpose(-1, -2)
+    parts = [(torch.softmax(scores[..., sl], -1) @ v[:, :, sl], torch.logsumexp(scores[..., sl], -1))
+             for sl in (slice(0, 7), slice(7, 12))]
+    want = merge_partials(*parts[0], *parts[1])
+    buffer, lse_buffer = torch.zeros(2, *parts[0][0].shape, dtype=q.dtype), torch.zeros(2, *parts[0][1].shape,
+                                                                                     dtype=q.dtype)
+    buffer[1], lse_buffer[1] = parts[0]
+    b_before = [t.clone() for t in parts[1]]
+    got = merge_partials(buffer[1], lse_buffer[1], *parts[1], inplace=True)
+    assert got[0].data_ptr() == buffer[1].data_ptr() and got[1].data_ptr() == lse_buffer[1].data_ptr()
+    torch.testing.assert_close(buffer[1], want[0])
+    torch.testing.assert_close(lse_buffer[1], want[1])
+    assert (buffer[0] == 0).all() and all(torch.equal(a, b) for a, b in zip(parts[1], b_before))
+    empty = (torch.zeros_like(want[0]), torch.full_like(want[1], -math.inf))
+    torch.testing.assert_close(merge_partials(*empty, *want, inplace=True)[0], want[0])
+    with pytest.raises(TypeError, match="merge_partials: inplace must be a bool"):
+        merge_partials(*want, *want, inplace="yes")
+
+
 @pytest.mark.parametrize("L, S", [(1, 1), (7, 7), (17, 30), (30, 17), (1, 23)])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("blocks", [(4, 4), (5, 3), (64, 64)])

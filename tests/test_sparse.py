@@ -262,38 +262,113 @@ def test_block_sparse_never_forms_an_L_by_S_tensor(gen):
     assert largest < n * n / 32, f"largest intermediate has {largest} elements; n^2 = {n * n}"
 
 
-@pytest.mark.parametrize("n, causal, plain", [(8 * 16, False, True), (8 * 16 + 5, False, False), (8 * 16, True, False)])
-def test_block_sparse_routes_rows_to_the_fused_kernel_only_when_no_tile_needs_a_mask(n, causal, plain, gen, monkeypatch):
-    """BigBird without a causal mask and with whole blocks: every row is plain (gathered keys, PyTorch's fused
-    kernel, no token mask). A ragged last key block or a causal diagonal sends rows through the masked path."""
+def _record_calls(monkeypatch, names):
+    """Patch attnbook.sparse's helpers ``names`` to count their calls."""
     from attnbook import sparse
 
-    calls = {"plain": 0, "masked": 0}
-    for name in ("plain", "masked"):
-        original = getattr(sparse, f"_{name}_rows")
+    calls = dict.fromkeys(names, 0)
+    for name in names:
+        original = getattr(sparse, name)
 
         def counted(*args, original=original, name=name):
             calls[name] += 1
             return original(*args)
 
-        monkeypatch.setattr(sparse, f"_{name}_rows", counted)
+        monkeypatch.setattr(sparse, name, counted)
+    return calls
+
+
+def _record_scores(monkeypatch):
+    """Patch the fused call of attnbook.sparse to add up the query-key scores it computes (per batch entry and
+    head: the first dimension is N)."""
+    from attnbook import sparse
+
+    seen = {"scores": 0}
+    original = sparse._attend_lse
+
+    def counted(q, k, v, scale, grad):
+        seen["scores"] += q.shape[1:-1].numel() * k.shape[-2]
+        return original(q, k, v, scale, grad)
+
+    monkeypatch.setattr(sparse, "_attend_lse", counted)
+    return seen
+
+
+PARTS = ("_full_rows", "_shared_columns", "_band_rows", "_gathered_rows", "_masked_rows")
+
+
+@pytest.mark.parametrize("n, causal, plain", [(8 * 16, False, True), (8 * 16 + 5, False, False), (8 * 16, True, False)])
+def test_block_sparse_routes_rows_to_the_fused_kernel_only_when_no_tile_needs_a_mask(n, causal, plain, gen, monkeypatch):
+    """BigBird without a causal mask and with whole blocks: every row is plain, and its tiles take the three fused
+    routes (global rows over split keys, global columns for every other row in one call, the window band as views,
+    the random blocks gathered), no token mask. A ragged last key block or a causal diagonal sends rows through the
+    masked path."""
+    calls = _record_calls(monkeypatch, PARTS)
     block_mask = bigbird_block_mask(math.ceil(n / 16), generator=gen)
     q, k, v = randn(2, 3, n, 8, gen=gen), randn(2, 3, n, 8, gen=gen), randn(2, 3, n, 5, gen=gen)
     out = block_sparse_attention(q, k, v, block_mask, 16, is_causal=causal)
     expected = dense_attention(q, k, v, expand_block_mask(block_mask, 16)[:n, :n], is_causal=causal)
     torch.testing.assert_close(out, expected, **TIGHT)
     # BigBird's window holds the diagonal and its global columns the ragged last block: no row is plain then
-    assert (calls["plain"] > 0) == plain and (calls["masked"] > 0) == (not plain)
+    assert all((calls[name] > 0) == plain for name in PARTS[:-1]) and (calls["_masked_rows"] > 0) == (not plain)
+
+
+@given(
+    n_qb=st.integers(2, 14), n_kb=st.integers(2, 14), block=st.integers(1, 5), width=st.integers(1, 4),
+    offset=st.integers(-3, 3), n_shared=st.integers(0, 2), n_full=st.integers(0, 2), extra=st.floats(0.0, 0.3),
+    seed=st.integers(0, 2**16),
+)
+def test_block_sparse_computes_each_kept_tile_once_and_matches_dense(n_qb, n_kb, block, width, offset, n_shared,
+                                                                     n_full, extra, seed):
+    """Structured masks (a band of diagonals, shared columns, rows that see everything, scattered tiles) split into
+    the fused routes: the output equals dense attention with the expanded mask, and the fused calls compute exactly
+    (kept tiles) x block^2 scores: no tile twice, none padded."""
+    monkeypatch = pytest.MonkeyPatch()
+    seen = _record_scores(monkeypatch)
+    calls = _record_calls(monkeypatch, ("_masked_rows",))
+    try:
+        gen = torch.Generator().manual_seed(seed)
+        i, j = torch.arange(n_qb)[:, None], torch.arange(n_kb)[None, :]
+        mask = (j - i >= offset) & (j - i < offset + width)
+        mask[:, torch.randperm(n_kb, generator=gen)[:n_shared]] = True
+        mask[torch.randperm(n_qb, generator=gen)[:n_full]] = True
+        mask |= torch.rand(n_qb, n_kb, generator=gen) < extra
+        mask[~mask.any(dim=-1), 0] = True  # every row keeps a tile: all rows plain
+        L, S = n_qb * block, n_kb * block
+        q, k, v = randn(1, 2, L, 4, gen=gen), randn(1, 2, S, 4, gen=gen), randn(1, 2, S, 4, gen=gen)
+        out = block_sparse_attention(q, k, v, mask, block)
+        torch.testing.assert_close(out, dense_attention(q, k, v, expand_block_mask(mask, block)), **TIGHT)
+        assert seen["scores"] == int(mask.sum()) * block * block and calls["_masked_rows"] == 0
+    finally:
+        monkeypatch.undo()
+
+
+def test_block_sparse_bigbird_float16_within_the_error_of_pytorch_in_float16(gen):
+    """Partial results are merged in float32 and rounded to float16 once: the error against float64 is within
+    FlashAttention-2's rule, twice the error of PyTorch's own float16 attention with the expanded mask."""
+    n, block = 16 * 16, 16
+    block_mask = bigbird_block_mask(n // block, generator=gen)
+    q, k, v = (torch.randn(2, 3, n, 16, generator=gen, dtype=torch.float64) for _ in range(3))
+    token_mask = expand_block_mask(block_mask, block)
+    exact = dense_attention(q, k, v, token_mask)
+    half = [x.half() for x in (q, k, v)]
+    torch_err = (F.scaled_dot_product_attention(*half, attn_mask=token_mask).double() - exact).abs().max()
+    ours = block_sparse_attention(*half, block_mask, block)
+    assert ours.dtype == torch.float16
+    assert (ours.double() - exact).abs().max() <= 2 * torch_err
 
 
 @pytest.mark.parametrize("grad", [False, True])
 def test_block_sparse_chunks_and_reused_buffers_give_the_same_result(grad, gen, monkeypatch):
     """Tiny chunks: many gathers into the same buffers (or, under autograd, fresh tensors and the readable
-    softmax(q k^T) v); rows of different widths; every row and gradient equals dense attention. (Second derivatives
+    softmax(q k^T) v), one call per band row, full rows split into unequal key splits; rows of different widths;
+    every row and gradient equals dense attention. (Second derivatives
     through the plain rows: test_flash.py's test_second_derivatives_through_the_triton_backends_...)"""
     from attnbook import sparse
 
     monkeypatch.setattr(sparse, "_CHUNK_KEYS", 1)  # one block row per chunk
+    monkeypatch.setattr(sparse, "_BAND_ROWS", 1)  # one call per row of the band
+    monkeypatch.setattr(sparse, "_SPLIT_KEYS", 5 * 8)  # a full row's 12 key blocks: splits of 5, 5 and 2
     block_mask = bigbird_block_mask(12, n_random=3, generator=gen)
     block_mask[5, :] = True  # a second row that sees every block
     block_mask[7, 9:] = True  # a wider plain row
