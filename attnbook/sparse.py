@@ -398,6 +398,9 @@ def block_sparse_attention(
         _pad_seq(t.expand(*batch, *t.shape[-2:]), n * b).reshape(-1, n, b, t.shape[-1])
         for t, n in ((q, n_qb), (k, n_kb), (v, n_kb))
     )
+    # keys and values are gathered and viewed block by block: once in memory order, so
+    # that no step copies them again (a (B, S, H, E) layout, say, arrives transposed)
+    kb, vb = kb.contiguous(), vb.contiguous()
     q_pos = torch.arange(n_qb * b, device=q.device).view(n_qb, b)
     k_pos = torch.arange(n_kb * b, device=q.device).view(n_kb, b)
     active = block_mask.to(q.device) & (k_pos[None, :, 0] < S)

@@ -244,6 +244,17 @@ def test_block_sparse_broadcasts_batch_dims(gen):
     torch.testing.assert_close(out, dense_attention(q, k, v, expand_block_mask(block_mask, 4)[:10, :10]), **TIGHT)
 
 
+def test_block_sparse_reads_transposed_layouts(gen):
+    """Tensors stored (batch, seq, heads, dim) and transposed to the contract's (batch, heads, seq, dim): a view
+    whose blocks are not contiguous, which the gathers and window views must read right."""
+    n, block = 12 * 8, 8
+    block_mask = bigbird_block_mask(n // block, generator=gen)
+    q, k, v = (randn(1, n, 3, 4, gen=gen).transpose(1, 2) for _ in range(3))
+    assert not k.is_contiguous()
+    out = block_sparse_attention(q, k, v, block_mask, block)
+    torch.testing.assert_close(out, dense_attention(q, k, v, expand_block_mask(block_mask, block)), **TIGHT)
+
+
 def test_block_sparse_gradients_match_dense(gen):
     block_mask = bigbird_block_mask(5, generator=gen)
     block_mask[2] = False  # a row with nothing to attend to: zero output, zero gradient
