@@ -325,7 +325,7 @@ def expand_block_mask(block_mask: torch.Tensor, block_size: int) -> torch.Tensor
 # --------------------------------------------------------------------------------------
 # scores per step of the masked rows' loop in block_sparse_attention
 _CHUNK_SCORES = 2**20
-# gathered key (and value) elements per step of the plain rows' loop: 2 MiB of float32,
+# gathered key (and value) elements per step of the gathered rows' loop: 2 MiB of float32,
 # gathered into the cache that attends to them
 _CHUNK_KEYS = 2**19
 # query blocks per call in a band of diagonals: one call's output stays in the cache
@@ -376,14 +376,17 @@ def block_sparse_attention(
 
     Algorithm. Per query block (a row of tiles), list its active key blocks. A *plain*
     row needs no mask inside its tiles (no tile crosses the causal diagonal or holds
-    the ragged last key block): its keys are exactly its gathered key blocks, so rows
-    with the same number ``c`` of active blocks are attended together by PyTorch's fused
-    kernel (``F.scaled_dot_product_attention``, scores ``(..., rows, b, c b)``), with
-    the whole of ``k, v`` (no gather) for rows that see every block (BigBird's global
-    rows). The other rows are padded to a common width with a validity flag and attended
-    with a token mask (``_masked_rows``). Chunks keep each gather near
-    ``_CHUNK_KEYS`` elements, in buffers reused from chunk to chunk. Cost: ``O(active
-    tiles * b^2 * E)``, i.e. ``O(n (w + g + r) E)`` for BigBird.
+    the ragged last key block), so PyTorch's fused kernel can attend to its keys as
+    they are, in pieces whose results are joined by their log-sum-exp
+    (:func:`attnbook.flash.merge_partials`): rows that see every block (BigBird's global
+    rows) over splits of the whole of ``k, v`` (``_full_rows``); for the other plain
+    rows, the key blocks all of them keep (global columns) in one long call, a band of
+    block diagonals (the window) as overlapping views of ``k, v``, and the rest
+    (random blocks) gathered, rows with the same number of them together
+    (``_partial_rows``). Each kept tile is computed once. The rows that need a mask
+    are padded to a common width with a validity flag and attended with a token mask
+    (``_masked_rows``). Cost: ``O(active tiles * b^2 * E)``, i.e. ``O(n (w + g + r)
+    E)`` for BigBird.
     """
     _check_block_sparse(q, k, v, block_mask, block_size, is_causal, scale)
     k, v = grouped_kv(q, k, v)
