@@ -476,19 +476,29 @@ def _attend_lse(q, k, v, scale: float, grad: bool):
     return torch.exp(scores - lse.unsqueeze(-1)) @ v, lse
 
 
-def _merge_rows(out, lse, rows, o, o_lse, grad: bool) -> None:
-    """Fold attention ``o`` over new keys (log-sum-exp ``o_lse``) into ``out[:, rows]``
+def _merge_rows(acc, lse, rows, o, o_lse, grad: bool) -> None:
+    """Fold attention ``o`` over new keys (log-sum-exp ``o_lse``) into ``acc[:, rows]``
     and ``lse[:, rows]``, in place unless autograd records it; ``rows`` a slice (views:
-    nothing is copied) or an index tensor."""
+    nothing is copied) or an index tensor. A row without a partial result yet (its
+    ``lse`` still ``-inf``) takes ``o`` as it is: no merge, and no zeroed buffer."""
+    fresh = torch.isneginf(lse[:, rows, 0]).all(dim=0)  # (r,)
+    if fresh.all():
+        acc[:, rows], lse[:, rows] = o, o_lse
+        return
+    if fresh.any():  # some rows fresh, some not: each kind on its own
+        idx = torch.arange(acc.shape[1], device=lse.device)[rows]
+        for part in (fresh, ~fresh):
+            _merge_rows(acc, lse, idx[part], o[:, part], o_lse[:, part], grad)
+        return
     if grad:  # the merge saves its inputs for the backward pass: copies, not views
-        old, old_lse = out[:, rows].clone(), lse[:, rows].clone()
-        out[:, rows], lse[:, rows] = merge_partials(old, old_lse, o, o_lse)
+        old, old_lse = acc[:, rows].clone(), lse[:, rows].clone()
+        acc[:, rows], lse[:, rows] = merge_partials(old, old_lse, o, o_lse)
     elif isinstance(rows, slice):
-        merge_partials(out[:, rows], lse[:, rows], o, o_lse, inplace=True)
+        merge_partials(acc[:, rows], lse[:, rows], o, o_lse, inplace=True)
     else:
-        o_rows, lse_rows = out[:, rows], lse[:, rows]  # copies
+        o_rows, lse_rows = acc[:, rows], lse[:, rows]  # copies
         merge_partials(o_rows, lse_rows, o, o_lse, inplace=True)
-        out[:, rows], lse[:, rows] = o_rows, lse_rows
+        acc[:, rows], lse[:, rows] = o_rows, lse_rows
 
 
 def _as_slice(rows: torch.Tensor):
@@ -532,15 +542,14 @@ def _full_rows(out, qb, kb, vb, rows, scale, grad) -> None:
 def _shared_columns(acc, lse, qb, kb, vb, rows, cols, scale, grad) -> None:
     """Key blocks ``cols`` that every row of ``rows`` keeps (BigBird's global columns):
     all those queries against those keys as one long problem, the fused kernel at its
-    most efficient (hundreds of queries per call instead of one block). Writes the
-    first partial result of each row."""
+    most efficient (hundreds of queries per call instead of one block), the first
+    partial result of each row."""
     N, _, b, E = qb.shape
     q_rows, r = _query_rows(qb, rows)
     k_cols, v_cols = (_gather_blocks(x, cols[None], None) for x in (kb, vb))
     # (N, 1, rows * b, E) against (N, 1, len(cols) * b, E)
     o, o_lse = _attend_lse(q_rows.reshape(N, 1, -1, E), k_cols, v_cols, scale, grad)
-    acc[:, r] = o.view(N, len(rows), b, -1)
-    lse[:, r] = o_lse.view(N, len(rows), b)
+    _merge_rows(acc, lse, r, o.view(N, len(rows), b, -1), o_lse.view(N, -1, b), grad)
 
 
 def _band(tiles: torch.Tensor, n_rows: int):
@@ -632,7 +641,7 @@ def _partial_rows(out, qb, kb, vb, rows, active, scale, grad) -> None:
     3. whatever is left (random blocks, rows at the ends of the band): gathered."""
     N, n_qb, b, _ = qb.shape
     dtype = torch.float64 if out.dtype == torch.float64 else torch.float32
-    acc = out if out.dtype == dtype else torch.zeros_like(out, dtype=dtype)
+    acc = out if out.dtype == dtype else torch.empty_like(out, dtype=dtype)
     lse = out.new_full((N, n_qb, b), -math.inf, dtype=dtype)
     tiles = torch.zeros_like(active)
     tiles[rows] = active[rows]
@@ -642,8 +651,6 @@ def _partial_rows(out, qb, kb, vb, rows, active, scale, grad) -> None:
             acc, lse, qb, kb, vb, rows, shared.nonzero().flatten(), scale, grad
         )
         tiles[:, shared] = False
-    else:
-        acc[:, rows] = 0
     band = _band(tiles, len(rows))
     if band is not None:
         _band_rows(acc, lse, qb, kb, vb, tiles, *band, scale, grad)

@@ -354,6 +354,27 @@ def test_block_sparse_computes_each_kept_tile_once_and_matches_dense(n_qb, n_kb,
         monkeypatch.undo()
 
 
+@pytest.mark.parametrize("grad", [False, True])
+def test_block_sparse_rows_with_and_without_a_partial_result_in_one_call(grad, gen, monkeypatch):
+    """No shared column, so the band writes the first partial result of its rows; the edge rows, outside the
+    band, meet their first keys in the same gathered call as band rows that merge theirs: each row either takes
+    the call's result as it is or merges it, and all equal dense attention."""
+    calls = _record_calls(monkeypatch, ("_shared_columns", "_band_rows", "_gathered_rows"))
+    n_blocks, block = 10, 4
+    i, j = torch.arange(n_blocks)[:, None], torch.arange(n_blocks)[None, :]
+    mask = (j - i).abs() <= 1  # a band of three diagonals; rows 0 and 9 hold only two of them
+    mask[0, 5] = mask[9, 3] = True  # rows 0 and 9: three tiles outside any band
+    mask[4, 7:] = True  # row 4: three tiles past its band, so rows 0, 4 and 9 are gathered together
+    inputs = [randn(1, 2, n_blocks * block, 4, gen=gen).requires_grad_(grad) for _ in range(3)]
+    out = block_sparse_attention(*inputs, mask, block)
+    dense = dense_attention(*inputs, expand_block_mask(mask, block))
+    torch.testing.assert_close(out, dense, **TIGHT)
+    assert calls == {"_shared_columns": 0, "_band_rows": 1, "_gathered_rows": 1}
+    if grad:
+        for got, want in zip(torch.autograd.grad(out.sum(), inputs), torch.autograd.grad(dense.sum(), inputs)):
+            torch.testing.assert_close(got, want, **TIGHT)
+
+
 def test_block_sparse_bigbird_float16_within_the_error_of_pytorch_in_float16(gen):
     """Partial results are merged in float32 and rounded to float16 once: the error against float64 is within
     FlashAttention-2's rule, twice the error of PyTorch's own float16 attention with the expanded mask."""
