@@ -434,10 +434,9 @@ def block_sparse_attention(
 def _gather_blocks(x: torch.Tensor, idx: torch.Tensor, buffer) -> torch.Tensor:
     """Blocks ``idx (r, c)`` of ``x (N, blocks, b, E)`` as ``(N, r, c b, E)``: row ``i``
     holds its ``c`` blocks in order. One ``index_select`` over the flattened ``(N
-    blocks, b E)`` rows (whole rows copied as such: several times faster than indexing
-    dimension 1), written into the front of ``buffer`` (1-D) when one is given: a fresh
-    allocation of tens of MiB costs more than the copy (the operating system maps new
-    pages)."""
+    blocks, b E)`` rows (whole rows copied as such, faster than indexing dimension 1),
+    written into the front of ``buffer`` (1-D) when one is given: a fresh allocation of
+    tens of MiB costs more than the copy (the operating system maps new pages)."""
     N, n, b, E = x.shape
     flat = (torch.arange(N, device=idx.device)[:, None] * n + idx.flatten()).flatten()
     rows = x.reshape(N * n, b * E)
