@@ -325,8 +325,8 @@ def expand_block_mask(block_mask: torch.Tensor, block_size: int) -> torch.Tensor
 # --------------------------------------------------------------------------------------
 # scores per step of the masked rows' loop in block_sparse_attention
 _CHUNK_SCORES = 2**20
-# gathered key (and value) elements per step of the gathered rows' loop: 2 MiB of float32,
-# gathered into the cache that attends to them
+# gathered key (and value) elements per step of the gathered rows' loop: 2 MiB of
+# float32, gathered into the cache that attends to them
 _CHUNK_KEYS = 2**19
 # query blocks per call in a band of diagonals: one call's output stays in the cache
 _BAND_ROWS = 32
