@@ -13,7 +13,6 @@ runtime's torch, and that the package data the chapters need is inside the wheel
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import nbformat
 import pytest
 from environments import linked_venv
 from nbclient import NotebookClient
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 # Runs the FlashAttention kernels in Triton's interpreter, so it needs the `gpu` extra, and the
@@ -33,9 +33,7 @@ CHAPTER = ROOT / "book" / "flash.ipynb"
 COLAB = ["torch==2.13.0", "numpy", "matplotlib", "seaborn", "ipywidgets", "scikit-learn", "networkx",
          "ipykernel"]
 
-_spec = importlib.util.spec_from_file_location("release", ROOT / "tools" / "release.py")
-release = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(release)
+release = load_script(ROOT / "tools" / "release.py")
 
 
 def _run(*args, **kwargs) -> subprocess.CompletedProcess:

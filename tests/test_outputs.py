@@ -13,19 +13,17 @@ silently empty.
 from __future__ import annotations
 
 import difflib
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTERS = sorted((ROOT / "book").glob("*.ipynb"))
 REFERENCE = json.loads((ROOT / "tests" / "checked_outputs.json").read_text())
 
-_spec = importlib.util.spec_from_file_location("record_outputs", ROOT / "tools" / "record_outputs.py")
-record_outputs = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(record_outputs)
+record_outputs = load_script(ROOT / "tools" / "record_outputs.py")
 
 
 def _executed(chapter: Path) -> dict:

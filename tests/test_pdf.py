@@ -6,7 +6,6 @@ first), so the chapter is not run again."""
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 import subprocess
@@ -16,13 +15,12 @@ from pathlib import Path
 
 import pytest
 import yaml
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = "graph_attention"  # short to run, with figures, formulas, code, citations and exercises
 
-_spec = importlib.util.spec_from_file_location("book_pdf", ROOT / "tools" / "pdf.py")
-pdf = sys.modules["book_pdf"] = importlib.util.module_from_spec(_spec)  # its dataclass needs it
-_spec.loader.exec_module(pdf)
+pdf = load_script(ROOT / "tools" / "pdf.py", "book_pdf", register=True)  # its dataclass needs it
 
 
 @pytest.fixture(scope="module")

@@ -181,12 +181,9 @@ def test_version_is_exposed_and_in_the_changelog():
 
 
 def _release_module():
-    import importlib.util
+    from scripts import load_script
 
-    spec = importlib.util.spec_from_file_location("release", ROOT / "tools" / "release.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "tools" / "release.py")
 
 
 def _copy_for_release(tmp_path):

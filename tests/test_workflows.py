@@ -8,7 +8,6 @@ and command-line option a workflow calls exists.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
@@ -18,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKFLOWS = sorted((ROOT / ".github" / "workflows").glob("*.yml"))
@@ -128,9 +128,7 @@ def test_everything_a_workflow_calls_exists(path):
 # ---------------------------------------------------------------------------------------------
 # .ci/run: the chapters executed in a kernel from the grading extra alone (tools/grading_kernel.py)
 # ---------------------------------------------------------------------------------------------
-_spec = importlib.util.spec_from_file_location("grading_kernel", ROOT / "tools" / "grading_kernel.py")
-grading_kernel = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(grading_kernel)
+grading_kernel = load_script(ROOT / "tools" / "grading_kernel.py")
 
 
 def test_ci_builds_the_book_in_the_grading_kernel_and_checks_the_kernels_log():

@@ -9,7 +9,6 @@ The check must fail each one with a message that points at the mistake (see test
 from __future__ import annotations
 
 import functools
-import importlib.util
 import tempfile
 from pathlib import Path
 
@@ -17,6 +16,7 @@ import nbformat
 
 import attnbook.kernels.lab as lab
 from wrong_answers import Mistake, mistake_test
+from scripts import load_script
 
 CHAPTER = Path(__file__).resolve().parent.parent / "book" / "kernel_lab.ipynb"
 _FOLDER = Path(tempfile.mkdtemp(prefix="attnbook-wrong-kernels-"))
@@ -33,10 +33,7 @@ def wrong_kernel(cell: str, name: str, edits: list[tuple[str, str]], tag: str):
     stem = f"wrong_{name}_{tag}"
     path = _FOLDER / f"{stem}.py"
     path.write_text("import triton\nimport triton.language as tl\n\n" + source + "\n")
-    spec = importlib.util.spec_from_file_location(stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return getattr(module, name)
+    return getattr(load_script(path), name)
 
 
 def _softmax(edits, tag):
