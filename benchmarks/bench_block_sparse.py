@@ -52,9 +52,6 @@ from attnbook.sparse import (
 )
 from attnbook.utils import default_device, seed_everything
 
-METHODS = ("sparse", "dense", "unmasked", "rows", "flex")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", default=str(default_device()), help="cpu or cuda (default: cuda when visible)")
@@ -96,14 +93,14 @@ def best_times(fns: dict, repeat: int, sync) -> dict[str, float]:
 def row_problems(block_mask: torch.Tensor, block: int, q: torch.Tensor, generator) -> tuple:
     """Inputs of the kernel floor: for each of the ``R`` block rows that keep the most common number
     ``c`` of key blocks, and each head, one block of queries ``(1, heads R, block, d)`` against ``c``
-    contiguous blocks of keys and values ``(1, heads R, c block, d)``; returns them and the number
-    of scores, ``heads R block c block``."""
+    contiguous blocks of keys and values ``(1, heads R, c block, d)``; returns them and their number
+    of scores as a share of the dense problem's, ``heads R block c block / (heads n^2)``."""
     counts = block_mask.sum(dim=-1)
     c = int(counts.mode().values)
     problems = q.shape[1] * int((counts == c).sum())
     shapes = ((1, problems, block, q.shape[-1]), (1, problems, c * block, q.shape[-1]))
     tensors = [torch.randn(shapes[min(i, 1)], generator=generator).to(q.device) for i in range(3)]
-    return tensors, problems * block * c * block
+    return tensors, problems * block * c * block / (q.shape[1] * q.shape[-2] ** 2)
 
 
 def methods(q, k, v, block_mask, dense_mask, block: int, rows: list) -> dict:
@@ -136,22 +133,22 @@ def compiled_flex(blocks: torch.Tensor, args: argparse.Namespace, q, k, v, sync)
 
 
 def run(args: argparse.Namespace) -> dict[str, list]:
-    """Time every method at every length; returns lists keyed ``n``, ``density``, ``row_scores``,
+    """Time every method at every length; returns lists keyed ``n``, ``density``, ``row_share``,
     ``<method>_s``, ``max_err``, ``flex_err``, ``flex_build_s``, ``flex_compile_s``."""
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     generator = seed_everything(0)
-    results: dict = {"heads": args.heads}
+    results: dict[str, list] = {}
     lengths = [2**p for p in range(args.min_log2_n, args.max_log2_n + 1)]
     for n in tqdm(lengths, desc="sequence lengths"):
         blocks = bigbird_block_mask(n // args.block, args.global_blocks, args.window, args.random, generator=generator)
         q, k, v = (torch.randn(1, args.heads, n, args.head_dim, generator=generator).to(device) for _ in range(3))
         block_mask = blocks.to(device)
         dense_mask = expand_block_mask(block_mask, args.block)
-        rows, row_scores = row_problems(blocks, args.block, q, generator)
+        rows, row_share = row_problems(blocks, args.block, q, generator)
         fns = methods(q, k, v, block_mask, dense_mask, args.block, rows)
         dense_out = fns["dense"]()
-        row = {"n": n, "density": blocks.float().mean().item(), "row_scores": row_scores,
+        row = {"n": n, "density": blocks.float().mean().item(), "row_share": row_share,
                "max_err": (fns["sparse"]() - dense_out).abs().max().item()}
         if not args.no_flex:
             fns["flex"], row["flex_build_s"], row["flex_compile_s"], flex_out = compiled_flex(blocks.to(device), args, q, k, v, sync)
@@ -214,15 +211,13 @@ def report(results: dict, args: argparse.Namespace) -> str:
 def kernel_floor(results: dict, i: int) -> float:
     """Seconds per score of SDPA on the ordinary rows' problems over seconds per score of unmasked
     SDPA, at length index ``i``."""
-    n, heads = results["n"][i], results["heads"]
-    dense_rate = results["unmasked_s"][i] / (heads * n * n)
-    return results["rows_s"][i] / results["row_scores"][i] / dense_rate
+    return results["rows_s"][i] / results["unmasked_s"][i] / results["row_share"][i]
 
 
 def sweep(args: argparse.Namespace, queries=(32, 64, 128, 256, 512, 768, 1024)) -> str:
     """The fused kernel's seconds per score on problems of ``L`` queries against ``(window + 2 global +
-    random)`` blocks of keys (a BigBird row's keys, contiguous), as many problems as fill the scores of
-    ``heads`` BigBird rows at the longest length, over unmasked SDPA's seconds per score at that length:
+    random)`` blocks of keys (a BigBird row's keys, contiguous), as many problems as the unmasked
+    problem at the longest length has queries, over unmasked SDPA's seconds per score at that length:
     how the kernel's efficiency depends on the number of queries per problem."""
     device = torch.device(args.device)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)

@@ -4,7 +4,6 @@ are the timed ones), not only that it runs."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from pathlib import Path
 
@@ -12,27 +11,26 @@ import pytest
 import torch
 
 from attnbook.sparse import bigbird_block_mask
+from scripts import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_block_sparse", ROOT / "benchmarks" / "bench_block_sparse.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "benchmarks" / "bench_block_sparse.py")
 
 
 def test_row_problems_hold_the_scores_of_the_rows_with_the_most_common_block_count(bench):
     blocks = bigbird_block_mask(12, generator=torch.Generator().manual_seed(0))
     q = torch.randn(1, 3, 12 * 8, 4)
-    (qr, kr, vr), scores = bench.row_problems(blocks, 8, q, torch.Generator().manual_seed(1))
+    (qr, kr, vr), share = bench.row_problems(blocks, 8, q, torch.Generator().manual_seed(1))
     counts = blocks.sum(dim=-1)
     c = int(counts.mode().values)
     rows = int((counts == c).sum())
     assert c == 7 and qr.shape == (1, 3 * rows, 8, 4) and kr.shape == vr.shape == (1, 3 * rows, c * 8, 4)
-    assert scores == 3 * rows * 8 * c * 8 == int(blocks[counts == c].sum()) * 3 * 8 * 8
+    scores = int(blocks[counts == c].sum()) * 3 * 8 * 8  # the kept tiles of those rows, every head
+    assert 3 * rows * 8 * c * 8 == scores and math.isclose(share, scores / (3 * 96 * 96))
 
 
 def test_the_benchmark_runs_small_and_reports_its_own_timings(bench, monkeypatch):
@@ -44,7 +42,7 @@ def test_the_benchmark_runs_small_and_reports_its_own_timings(bench, monkeypatch
     assert results["n"] == [256, 512, 1024] and max(results["max_err"]) < 1e-5
     text = bench.report(results, args)
     i = -1
-    floor = results["rows_s"][i] / results["row_scores"][i] / (results["unmasked_s"][i] / (4 * 1024 * 1024))
+    floor = results["rows_s"][i] / results["unmasked_s"][i] / results["row_share"][i]
     assert math.isclose(bench.kernel_floor(results, i), floor)
     to_limit = results["sparse_s"][i] / (results["density"][i] * results["unmasked_s"][i])
     assert f"sparse/limit = {to_limit:.2f}" in text
