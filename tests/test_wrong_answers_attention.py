@@ -11,12 +11,12 @@ from attnbook import core
 
 # attention-masked-softmax: the book's solution with one thing changed
 def _softmax(scores, mask=None, temperature=1.0, *, divide=True, fill=float("-inf"), subtract_max=True,
-             guard_dead_rows=True, dim=-1, mask_after=False):
+             guard_dead_rows=True, dim=-1, mask_after=False, global_max=False):
     scores = scores / temperature if divide else scores * temperature
     if mask is not None and not mask_after:
         scores = scores.masked_fill(~mask, fill)
     if subtract_max:
-        row_max = scores.amax(dim=dim, keepdim=True)
+        row_max = scores.amax() if global_max else scores.amax(dim=dim, keepdim=True)
         if guard_dead_rows:
             row_max = row_max.masked_fill(torch.isneginf(row_max), 0.0)
         scores = scores - row_max
@@ -42,6 +42,27 @@ def _softmax_nan_on_a_fully_masked_row(scores, mask=None, temperature=1.0):
 
 def _softmax_masked_with_a_large_negative_number(scores, mask=None, temperature=1.0):
     return _softmax(scores, mask, temperature, fill=-1e9)
+
+
+def _softmax_minus_the_tensors_maximum(scores, mask=None, temperature=1.0):
+    return _softmax(scores, mask, temperature, global_max=True)
+
+
+def _softmax_minus_each_matrixs_maximum(scores, mask=None, temperature=1.0):
+    scores = scores / temperature
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    exp = torch.exp(scores - scores.amax(dim=(-2, -1), keepdim=True))
+    return exp / exp.sum(-1, keepdim=True).clamp_min(torch.finfo(exp.dtype).tiny)
+
+
+def _softmax_minus_the_tensors_maximum_dead_rows_zeroed_after(scores, mask=None, temperature=1.0):
+    scores = scores / temperature
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    exp = torch.exp(scores - scores.max())
+    weights = exp / exp.sum(-1, keepdim=True)  # 0 / 0 where every exp underflowed
+    return torch.where(torch.isneginf(scores).all(-1, keepdim=True), 0.0, weights)
 
 
 def _softmax_dividing_in_place(scores, mask=None, temperature=1.0):
@@ -114,6 +135,18 @@ MISTAKES = [
     Mistake("attention-masked-softmax", "no row maximum subtracted: exp overflows",
             _softmax_without_the_row_maximum,
             ("scores around 1000 (overflow test)", "NaN", "exp overflowed", "subtract the row maximum")),
+    Mistake("attention-masked-softmax", "the whole tensor's maximum subtracted: a row near -1000 underflows",
+            _softmax_minus_the_tensors_maximum,
+            ("rows at very different scales (underflow test)", "row (0, 0, 1) of your weights sums to 0, not 1",
+             "below the largest of the whole tensor", "one maximum for the whole tensor",
+             "Subtract each row's own maximum")),
+    Mistake("attention-masked-softmax", "each matrix's maximum subtracted", _softmax_minus_each_matrixs_maximum,
+            ("rows at very different scales (underflow test)", "row (0, 0, 1)", "or a whole matrix",
+             "Subtract each row's own maximum")),
+    Mistake("attention-masked-softmax", "the whole tensor's maximum subtracted, dead rows zeroed after: 0 / 0",
+            _softmax_minus_the_tensors_maximum_dead_rows_zeroed_after,
+            ("rows at very different scales (underflow test)", "your weights contain NaN in row (0, 0, 1)",
+             "exp underflows to 0 (0 / 0 is NaN)", "Subtract each row's own maximum")),
     Mistake("attention-masked-softmax", "NaN on a fully masked row", _softmax_nan_on_a_fully_masked_row,
             ("boolean mask, T = 2", "NaN", "no allowed key", "must give zeros")),
     Mistake("attention-masked-softmax", "masked with -1e9: a fully masked row is uniform",

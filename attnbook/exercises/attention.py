@@ -26,6 +26,7 @@ def _check_masked_softmax(student) -> None:
     scores = torch.randn(2, 3, 5, 7, generator=gen) * 3
     mask = torch.rand(2, 1, 5, 7, generator=gen) > 0.3
     mask[0, 0, 2] = False  # a query with nothing to attend to
+    spread = _rows_far_apart(scores, mask)
     cases = [
         ("no mask, T = 1", (scores,), {}, masked_softmax(scores)),
         (
@@ -45,6 +46,12 @@ def _check_masked_softmax(student) -> None:
             (scores + 1000.0, mask),
             {},
             masked_softmax(scores + 1000.0, mask),
+        ),
+        (
+            "rows at very different scales (underflow test)",
+            (spread, mask),
+            {},
+            masked_softmax(spread, mask),
         ),
     ]
     for what, args, kwargs, expected in cases:
@@ -68,6 +75,22 @@ def _check_masked_softmax(student) -> None:
         _check_weights(what, actual, expected, *args, **kwargs)
 
 
+def _rows_far_apart(scores: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``scores`` with rows whose maxima lie far apart: the rows of query 0 spread over
+    +-1000, those of query 1 sit near -1000, and those of query 3 peak 100 below the
+    largest allowed score of the tensor. Softmax is shift invariant row by row, so only
+    a maximum taken per row keeps every row's exp in float32's range: from one maximum
+    of the whole tensor, exp underflows to 0 in query 1's rows (0 / 0) and to subnormal
+    numbers, a few bits of precision, in query 3's."""
+    spread = scores.clone()
+    spread[..., 0, :] = scores[..., 0, :] / 3 * 1000
+    spread[..., 1, :] = scores[..., 1, :] - 1000
+    top = spread.masked_fill(~mask, float("-inf")).max()
+    row = scores[..., 3, :]
+    spread[..., 3, :] = row - row.amax(-1, keepdim=True) + top - 100
+    return spread
+
+
 def _first(where: torch.Tensor) -> tuple[int, ...]:
     return tuple(where.nonzero()[0].tolist())
 
@@ -80,21 +103,21 @@ def _check_weights(what, actual, expected, scores, mask=None, temperature=1.0) -
     if mask is not None:
         allowed = allowed & mask
     dead = ~allowed.any(-1)  # rows with no allowed key
+    far = _far_below_the_top(scores / temperature, allowed)
     nan_rows = torch.isnan(actual).any(-1)
     live_nan = nan_rows & ~dead
     if live_nan.any():
         row = _first(live_nan)
         top = (scores[row] / temperature).max().item()
-        raise AssertionError(
-            f"{what}: your weights contain NaN in row {row}"
-            + (
+        if top > 80.0:  # exp(88.7) is inf in float32
+            note = (
                 f", whose largest score is {top:.0f}: exp overflowed to inf, and inf "
                 "/ inf is NaN; subtract the row maximum before exp (softmax is shift "
                 "invariant)."
-                if top > 80.0  # exp(88.7) is inf in float32
-                else "."
             )
-        )
+        else:
+            note = "." + far(row)
+        raise AssertionError(f"{what}: your weights contain NaN in row {row}{note}")
     assert not nan_rows.any(), (
         f"{what}: your weights contain NaN in row {_first(nan_rows)}, which has no "
         "allowed key: such a row must give zeros, not NaN (its maximum is -inf, and "
@@ -109,9 +132,14 @@ def _check_weights(what, actual, expected, scores, mask=None, temperature=1.0) -
             f"{sums[row].item():.4g}: a row with no allowed key must give zeros (a "
             "large negative number instead of -inf gives a uniform row)."
         )
+        note = far(row)
         raise AssertionError(
-            f"{what}: row {row} of your weights sums to {sums[row].item():.4g}, not 1: "
-            "normalize over the last dimension (the keys), after masking."
+            f"{what}: row {row} of your weights sums to {sums[row].item():.4g}, not 1"
+            + (
+                f".{note}"
+                if note
+                else ": normalize over the last dimension (the keys), after masking."
+            )
         )
     leak = (actual.abs() > 1e-5) & ~allowed
     assert not leak.any(), (
@@ -126,7 +154,39 @@ def _check_weights(what, actual, expected, scores, mask=None, temperature=1.0) -
             assert not torch.allclose(
                 actual.double(), masked_softmax(scores, mask, wrong).double(), atol=1e-5
             ), f"{what}: {how}; divide the scores by it (T = {temperature})."
-    assert_close(actual, expected, what)
+    try:
+        assert_close(actual, expected, what)
+    except AssertionError as err:
+        close = torch.isclose(actual.double(), expected.double(), 1e-4, 1e-5)
+        rows = ~close.all(-1)
+        note = far(_first(rows)) if rows.any() else ""
+        raise AssertionError(f"{err}{note}") from None
+
+
+def _far_below_the_top(scaled: torch.Tensor, allowed: torch.Tensor):
+    """A function of a row index that explains, for a row whose largest allowed score
+    lies so far below the tensor's largest that exp of their difference is no longer a
+    normal float, what subtracting one maximum for the whole tensor does there; ''
+    for other rows."""
+    live = scaled.masked_fill(~allowed, float("-inf"))
+    row_top, top = live.amax(-1), live.max()
+    # exp(x) leaves the normal floats below log(tiny): -87.3 in float32
+    limit = -math.log(torch.finfo(scaled.dtype).tiny) - 8.0
+
+    def note(row) -> str:
+        gap = (top - row_top[row]).item()
+        if not (math.isfinite(gap) and gap > limit):
+            return ""
+        return (
+            f" The largest score of row {row} is {row_top[row].item():.0f}, "
+            f"{gap:.0f} below the largest of the whole tensor ({top.item():.0f}): "
+            "did you subtract one maximum for the whole tensor (or a whole matrix)? "
+            f"Then this row's exponents lie near -{gap:.0f}, where exp underflows to 0 "
+            "(0 / 0 is NaN) or keeps only a few bits. Subtract each row's own "
+            "maximum, scores.amax(dim=-1, keepdim=True)."
+        )
+
+    return note
 
 
 @register(
