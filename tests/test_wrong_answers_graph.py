@@ -25,11 +25,15 @@ def _gcn(transpose=False, keep_loops=False, self_loops=True, row_norm=False):
     return gcn_propagation_matrix
 
 
-def _edge_softmax(stable=True, by_source=False, normalize=True):
+def _edge_softmax(stable=True, by_source=False, normalize=True, start=float("-inf"), one_max=None):
     def edge_softmax(scores, target, num_nodes):
         index = target.view(-1, *([1] * (scores.dim() - 1))).expand_as(scores)
-        if stable:
-            node_max = torch.full((num_nodes, *scores.shape[1:]), float("-inf")).scatter_reduce(
+        if one_max == "all":  # one maximum for every edge and head
+            exp = torch.exp(scores - scores.max())
+        elif one_max == "head":  # one maximum per head, over all edges
+            exp = torch.exp(scores - scores.amax(0, keepdim=True))
+        elif stable:
+            node_max = torch.full((num_nodes, *scores.shape[1:]), start).scatter_reduce(
                 0, index, scores, reduce="amax", include_self=True)
             exp = torch.exp(scores - node_max.gather(0, index))
         else:
@@ -66,6 +70,16 @@ MISTAKES = [
             ("a path 0 - 1 - 2", "(A + I) / sqrt(deg_i deg_j)")),
     Mistake("graph-edge-softmax", "no maximum subtracted (overflow)", _edge_softmax(stable=False),
             ("scores around 1000 (overflow test)", "NaN", "subtract it")),
+    Mistake("graph-edge-softmax", "the maximum of all scores subtracted", _edge_softmax(one_max="all"),
+            ("one node's scores around +1000, the others' around -1000", "your weights contain NaN",
+             "below the largest score of all", "one maximum for all edges",
+             "Subtract each target node's own maximum")),
+    Mistake("graph-edge-softmax", "each head's maximum over all edges subtracted", _edge_softmax(one_max="head"),
+            ("one node's scores around +1000, the others' around -1000", "your weights contain NaN",
+             "below the largest score of all", "Subtract each target node's own maximum")),
+    Mistake("graph-edge-softmax", "node maximum buffer starts at zeros", _edge_softmax(start=0.0),
+            ("scores around -1000 (underflow test)", "your weights contain NaN", "every score into node",
+             "does your node maximum start at 0?", "max(0, scores)", "Start it at -inf")),
     Mistake("graph-edge-softmax", "one softmax over all edges", _edge_softmax(by_source=True),
             ("scores of shape (E,)", "divide each edge by its target's sum")),
     Mistake("graph-edge-softmax", "exponentials never normalized", _edge_softmax(normalize=False),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ..graph import GATLayer, GCNLayer, edge_softmax, to_dense_adjacency
@@ -81,6 +83,8 @@ def _check_edge_softmax(student) -> None:
 
     gen = generator(1002)
     target = torch.randint(0, 6, (15,), generator=gen)
+    # the edges into one node score near +1000, all others near -1000
+    apart = torch.where(target == target[0], 1000.0, -1000.0)[:, None]
     cases = [
         ("scores of shape (E,)", torch.randn(15, generator=gen)),
         ("scores of shape (E, heads=3)", torch.randn(15, 3, generator=gen)),
@@ -88,12 +92,64 @@ def _check_edge_softmax(student) -> None:
             "scores around 1000 (overflow test)",
             torch.randn(15, 2, generator=gen) + 1000.0,
         ),
+        (
+            "scores around -1000 (underflow test)",
+            torch.randn(15, 2, generator=gen) - 1000.0,
+        ),
+        (
+            "one node's scores around +1000, the others' around -1000",
+            torch.randn(15, 2, generator=gen) + apart,
+        ),
     ]
     for what, scores in cases:
         # node 6 (and maybe others) has no incoming edge
         actual = student(scores, target, 7)
-        assert not torch.isnan(actual).any(), f"{what}: your weights contain NaN."
-        assert_close(actual, edge_softmax(scores, target, 7), what)
+        expected = edge_softmax(scores, target, 7)
+        if not isinstance(actual, torch.Tensor) or actual.shape != expected.shape:
+            assert_close(actual, expected, what)  # names the type or the shape
+        nan = torch.isnan(actual)
+        where = nan if nan.any() else ~torch.isclose(
+            actual.double(), expected.double(), 1e-4, 1e-5
+        )
+        note = _underflow_note(scores, target, where) if where.any() else ""
+        assert not nan.any(), f"{what}: your weights contain NaN.{note}"
+        try:
+            assert_close(actual, expected, what)
+        except AssertionError as err:
+            raise AssertionError(f"{err}{note}") from None
+
+
+def _underflow_note(scores, target, wrong) -> str:
+    """Why the first wrong weight (``wrong`` marks them) is wrong, if exp underflowed
+    there: its node's largest score lies far below the largest of all scores (one
+    maximum for every edge), or far below 0 (a node maximum that starts at 0); else
+    ''."""
+    first = tuple(wrong.nonzero()[0].tolist())
+    edge, heads = first[0], first[1:]
+    node = int(target[edge])
+    node_top = scores[target == node][(slice(None), *heads)].max().item()
+    top = scores.max().item()
+    # exp(x) leaves the normal floats below log(tiny): -87.3 in float32
+    limit = -math.log(torch.finfo(scores.dtype).tiny) - 8.0
+    where = f"edge {edge}" + (f", head {heads[0]}" if heads else "")
+    if top - node_top > limit:
+        return (
+            f" At {where} the largest score into node {node} is {node_top:.0f}, "
+            f"{top - node_top:.0f} below the largest score of all ({top:.0f}): did "
+            "you subtract one maximum for all edges (scores.max())? Then exp "
+            "underflows to 0 at every edge into that node, and 0 / 0 is NaN. "
+            "Subtract each target node's own maximum (scatter_reduce with 'amax')."
+        )
+    if node_top < -limit:
+        return (
+            f" At {where} every score into node {node} is at most {node_top:.0f}: "
+            "does your node maximum start at 0? torch.zeros(...).scatter_reduce(..., "
+            "'amax') takes max(0, scores) (include_self=True is the default), so the "
+            "maximum is 0, exp underflows to 0 at every edge into that node, and "
+            "0 / 0 is NaN. Start it at -inf (torch.full(..., float('-inf'))) or pass "
+            "include_self=False."
+        )
+    return ""
 
 
 @register(
