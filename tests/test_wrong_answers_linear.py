@@ -18,6 +18,18 @@ def _linear(q, k, v, eps=1e-6, *, plus_one=True, q_scale=False, normalize=True, 
     return (phi_q @ kv) / (phi_q @ z + eps) if normalize else phi_q @ kv
 
 
+def _linear_through_the_n_by_n_weights(q, k, v, eps=1e-6):
+    phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1
+    similarity = phi_q @ phi_k.transpose(-2, -1)  # (..., L, S): the quadratic route
+    return (similarity @ v) / (similarity.sum(-1, keepdim=True) + eps)
+
+
+def _linear_through_broadcast_products(q, k, v, eps=1e-6):
+    phi_q, phi_k = F.elu(q) + 1, F.elu(k) + 1
+    similarity = (phi_q.unsqueeze(-2) * phi_k.unsqueeze(-3)).sum(-1)  # (..., L, S, M) first
+    return (similarity @ v) / (similarity.sum(-1, keepdim=True) + eps)
+
+
 def _linear_elu_without_plus_one(q, k, v, eps=1e-6):
     return _linear(q, k, v, eps, plus_one=False)
 
@@ -122,6 +134,12 @@ def _crossover_rounded_to_nearest(M, d, random_features=False):
 
 
 MISTAKES = [
+    Mistake("linear-attention", "phi(Q) phi(K)^T formed: n x n memory", _linear_through_the_n_by_n_weights,
+            ("for q, k of shape (1024, 4) and v of shape (1024, 3)", "1048576 = 1024 x 1024 elements",
+             "phi(Q) phi(K)^T", "rules out", "phi(K)^T V is only M x Ev (4 x 3)", "not n^2")),
+    Mistake("linear-attention", "phi(q_i) * phi(k_j) broadcast: n x n x M memory", _linear_through_broadcast_products,
+            ("for q, k of shape (1024, 4)", "4194304 = 1024 x 1024 x 4 elements", "an n x n matrix",
+             "Multiply in the other order")),
     Mistake("linear-attention", "phi = elu(x) without + 1", _linear_elu_without_plus_one,
             ("linear attention for L=5, S=5", "Your features are elu(x)", "elu(x) + 1")),
     Mistake("linear-attention", "queries scaled by 1/sqrt(d)", _linear_queries_scaled_by_sqrt_d,

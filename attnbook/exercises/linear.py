@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from ..linear import linear_attention, performer_features
 from . import register
-from .common import assert_close, assert_int, generator
+from .common import assert_close, assert_int, generator, largest_new_tensor
 
 
 def _inputs(
@@ -117,6 +117,36 @@ def _check_linear_attention(student) -> None:
         linear_attention(q, k, v),
         "linear attention with (batch, heads, n, d) inputs",
         _linear_slips(q, k, v),
+    )
+    _check_linear_memory(student)
+
+
+def _check_linear_memory(student, n: int = 1024, M: int = 4, Ev: int = 3) -> None:
+    """Linear attention never forms the ``n x n`` matrix ``phi(Q) phi(K)^T``: at
+    ``n = 1024`` with ``M = 4`` features and ``Ev = 3`` value dimensions, no tensor the
+    student's operations create may hold more than ``n * M * Ev`` elements (the
+    outer products ``phi(k_j) v_j^T`` of every key), where ``n^2`` is 85 times that.
+    Every operation is traced (:func:`attnbook.utils.largest_new_tensor`), in the
+    submission's kernel when the grader checks."""
+    q, k, v = _inputs(10, n, n, E=M, Ev=Ev, batch=())
+    largest = largest_new_tensor(student, q, k, v)
+    bound = n * M * Ev
+    if largest <= bound:
+        return
+    if largest % (n * n) == 0:
+        extra = largest // (n * n)
+        made = (
+            f"{largest} = {n} x {n}{f' x {extra}' if extra > 1 else ''} elements: "
+            "an n x n matrix such as phi(Q) phi(K)^T (every query against every "
+            "key), which the exercise rules out"
+        )
+    else:
+        made = f"{largest} elements, more than n * M * Ev = {bound}"
+    raise AssertionError(
+        f"for q, k of shape ({n}, {M}) and v of shape ({n}, {Ev}) your code made a "
+        f"tensor of {made}. Multiply in the other order: phi(K)^T V is only M x Ev "
+        f"({M} x {Ev}) and phi(K) summed over the keys only M long, so memory grows "
+        "like n, not n^2."
     )
 
 
