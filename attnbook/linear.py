@@ -126,13 +126,24 @@ def _feature_pair(
 
 
 def _broadcasts(state_shape: tuple[int, ...], batch: tuple[int, ...]) -> bool:
-    """Whether the batch dimensions of a ``(..., M, Ev)`` state broadcast with
-    ``batch``."""
+    """Whether the batch dimensions of a ``(..., m, d)`` tensor broadcast with
+    ``batch`` (either way: both may grow)."""
     try:
         torch.broadcast_shapes(state_shape[:-2], batch)
     except RuntimeError:
         return False
     return True
+
+
+def _broadcasts_to(state_shape: tuple[int, ...], batch: tuple[int, ...]) -> bool:
+    """Whether the batch dimensions of a ``(..., M, Ev)`` recurrent state broadcast
+    *to* the tokens' ``batch``: each is missing, 1 (one memory shared by the tokens)
+    or equal. A state of another batch size must not grow the batch instead, or the
+    tokens would be read as one shared token (a silent wrong result)."""
+    state_batch = tuple(state_shape[:-2])
+    if len(state_batch) > len(batch):
+        return False
+    return all(s in (1, b) for s, b in zip(state_batch[::-1], batch[::-1]))
 
 
 def _safe_ratio(num: torch.Tensor, den: torch.Tensor, eps: float) -> torch.Tensor:
@@ -552,14 +563,20 @@ def linear_attention_step(
         S_i = S_{i-1} + \phi(k_i) v_i^\top, \quad z_i = z_{i-1} + \phi(k_i), \quad
         \mathrm{out}_i = \frac{\phi(q_i)^\top S_i}{\phi(q_i)^\top z_i + \varepsilon}
 
-    ``q``, ``k``: ``(..., E)``; ``v``: ``(..., Ev)`` (one token each). ``state = (S,
-    z)`` with ``S`` ``(..., M, Ev)`` and ``z`` ``(..., M)``, zeros when ``None``.
-    Returns ``(out (..., Ev), (S, z))``. The state has a fixed size, whatever the number
-    of tokens seen: unlike a KV cache, it never grows.
+    ``q``, ``k``: ``(..., E)``; ``v``: ``(..., Ev)`` (one token each; their batch
+    dimensions broadcast to the token's batch ``B``). ``state = (S, z)`` with ``S``
+    ``(..., M, Ev)`` and ``z`` ``(..., M)``, zeros when ``None``; its batch dimensions
+    broadcast to ``B`` (a missing or size-1 dimension is one memory shared across it),
+    and a state of another batch size is a ``ValueError``, never broadcast up. Returns
+    ``(out (B..., Ev), (S (B..., M, Ev), z (B..., M)))``. The state has a fixed size,
+    whatever the number of tokens seen: unlike a KV cache, it never grows.
     """
-    phi_q, phi_k, (S, z) = _step_inputs(q, k, v, state, feature_map, eps)
-    S = S + phi_k.unsqueeze(-1) * v.unsqueeze(-2)
-    z = z + phi_k
+    phi_q, phi_k, (S, z), batch = _step_inputs(q, k, v, state, feature_map, eps)
+    M, Ev = phi_k.shape[-1], v.shape[-1]
+    # the new state covers the whole batch of the token (k alone may have fewer
+    # dimensions than v), so S and z always agree and a later step accepts them
+    S = (S + phi_k.unsqueeze(-1) * v.unsqueeze(-2)).expand(*batch, M, Ev).contiguous()
+    z = (z + phi_k).expand(*batch, M).contiguous()
     out = _safe_ratio(
         (phi_q.unsqueeze(-2) @ S).squeeze(-2), (phi_q * z).sum(-1, keepdim=True), eps
     )
@@ -568,7 +585,7 @@ def linear_attention_step(
 
 def _step_inputs(q, k, v, state, feature_map, eps):
     """Check the arguments of :func:`linear_attention_step`; return ``phi(q)``,
-    ``phi(k)`` and the state, zeros when ``None``."""
+    ``phi(k)``, the state (zeros when ``None``) and the tokens' batch shape."""
     fn = "linear_attention_step"
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_float(fn, name, t)
@@ -591,15 +608,15 @@ def _step_inputs(q, k, v, state, feature_map, eps):
     phi_q, phi_k = _feature_pair(fn, feature_map, q, k)
     if state is None:
         S = torch.zeros(*phi_k.shape, v.shape[-1], dtype=v.dtype, device=v.device)
-        return phi_q, phi_k, (S, torch.zeros_like(phi_k))
-    return phi_q, phi_k, _check_state(fn, state, batch, phi_k.shape[-1], v)
+        return phi_q, phi_k, (S, torch.zeros_like(phi_k)), batch
+    return phi_q, phi_k, _check_state(fn, state, batch, phi_k.shape[-1], v), batch
 
 
 def _check_state(
     fn: str, state, batch: tuple[int, ...], M: int, v: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """A linear-attention state ``(S (..., M, Ev), z (..., M))`` in ``v``'s dtype and
-    device, whose batch dimensions broadcast with ``batch``."""
+    device, whose batch dimensions broadcast to the tokens' ``batch``."""
     if not isinstance(state, (tuple, list)) or len(state) != 2:
         raise TypeError(
             f"{fn}: state must be a pair (S, z) or None, got {type(state).__name__}"
@@ -608,11 +625,12 @@ def _check_state(
     _check_like(fn, "v", v, **{"state[0] (S)": S, "state[1] (z)": z})
     Ev = v.shape[-1]
     ok = S.dim() >= 2 and S.shape[-2:] == (M, Ev) and z.shape == S.shape[:-1]
-    if not ok or not _broadcasts(S.shape, batch):
+    if not ok or not _broadcasts_to(S.shape, batch):
         raise ValueError(
             f"{fn}: state must be (S, z) with S of shape (..., M, Ev) = (..., {M}, "
-            f"{Ev}) and z (..., M) = (..., {M}), batch dimensions broadcasting with "
-            f"{tuple(batch)}; got S {tuple(S.shape)} and z {tuple(z.shape)}"
+            f"{Ev}) and z (..., M) = (..., {M}), batch dimensions broadcasting to "
+            f"the tokens' batch {tuple(batch)}; got S {tuple(S.shape)} and z "
+            f"{tuple(z.shape)}"
         )
     return S, z
 
@@ -631,7 +649,8 @@ def linear_attention_recurrent(
 
     ``q``, ``k``: ``(..., n, E)``; ``v``: ``(..., n, Ev)``, one query per key
     (self-attention). ``state``: the ``(S, z)`` left by an earlier call (continue a
-    sequence), zeros when ``None``. Returns ``(out (..., n, Ev), (S, z))``; with
+    sequence), zeros when ``None``, with batch dimensions that broadcast to the
+    inputs' (as in :func:`linear_attention_step`). Returns ``(out (..., n, Ev), (S, z))``; with
     ``state=None`` ``out`` equals ``linear_attention(q, k, v, feature_map=feature_map,
     is_causal=True, eps=eps)``. ``n`` sequential steps.
     """
@@ -701,8 +720,10 @@ def delta_rule_attention(
 
     ``q``, ``k``: ``(..., n, E)``; ``v``: ``(..., n, Ev)``, one query per key;
     ``beta``: ``(..., n)`` or anything that broadcasts to it (a float); ``state``: the
-    ``(..., M, Ev)`` memory left by an earlier call, zeros when ``None``. Returns ``(out
-    (..., n, Ev), S (..., M, Ev))``, in ``n`` sequential steps.
+    ``(..., M, Ev)`` memory left by an earlier call, zeros when ``None``, with batch
+    dimensions that broadcast to the inputs' (a state of another batch size is a
+    ``ValueError``). Returns ``(out (..., n, Ev), S (..., M, Ev))``, in ``n``
+    sequential steps.
     """
     fn = "delta_rule_attention"
     check_qkv(fn, q, k, v)
@@ -724,11 +745,15 @@ def delta_rule_attention(
     else:
         _check_like(fn, "v", v, state=state)
         shape = state.shape
-        if state.dim() < 2 or shape[-2:] != (M, Ev) or not _broadcasts(shape, batch):
+        if (
+            state.dim() < 2
+            or shape[-2:] != (M, Ev)
+            or not _broadcasts_to(shape, batch)
+        ):
             raise ValueError(
                 f"{fn}: state must have shape (..., M, Ev) = (..., {M}, {Ev}) with "
-                f"batch dimensions broadcasting with {tuple(batch)}, got "
-                f"{tuple(state.shape)}"
+                f"batch dimensions broadcasting to the tokens' batch {tuple(batch)}, "
+                f"got {tuple(state.shape)}"
             )
     outs = []
     for t in range(n):

@@ -77,9 +77,13 @@ ROWS = [
         ("linear_attention_step", "state")),
     Bad("linear_attention_step", "wrong-dtype", lambda: _step((_S[0].float(), _S[1].float())),
         ("linear_attention_step", "state")),
+    Bad("linear_attention_step", "wrong-shape", lambda: linear_attention_step(_Q[:1, 0], _K[:1, 0], _V[:1, 0], _S),
+        ("linear_attention_step", "state", "(2, 4, 4)", "(1,)")),
     Bad("linear_attention_step", "negative", lambda: _step(eps=-1e-6), ("linear_attention_step", "eps")),
     Bad("linear_attention_recurrent", "wrong-shape", lambda: linear_attention_recurrent(
         _Q, _K, _V, (_S[0][..., :3], _S[1])), ("linear_attention_recurrent", "state")),
+    Bad("linear_attention_recurrent", "wrong-shape", lambda: linear_attention_recurrent(_Q[:1], _K[:1], _V[:1], _S),
+        ("linear_attention_recurrent", "state", "(2, 4, 4)", "(1,)")),
     Bad("linear_attention_recurrent", "empty", lambda: linear_attention_recurrent(
         _Q[:, :0], _K[:, :0], _V[:, :0]), ("linear_attention_recurrent", "q")),
     Bad("delta_rule_attention", "nan", lambda: delta_rule_attention(_Q, _K, _V, float("nan")),
@@ -88,6 +92,8 @@ ROWS = [
         ("delta_rule_attention", "beta")),
     Bad("delta_rule_attention", "wrong-shape", lambda: delta_rule_attention(
         _Q, _K, _V, 1.0, state=torch.zeros(2, 3, 4, dtype=torch.float64)), ("delta_rule_attention", "state")),
+    Bad("delta_rule_attention", "wrong-shape", lambda: delta_rule_attention(_Q[:1], _K[:1], _V[:1], 1.0, state=_S[0]),
+        ("delta_rule_attention", "state", "(2, 4, 4)", "(1,)")),
     Bad("orthogonal_random_features", "non-integer", lambda: orthogonal_random_features(2.5, 4),
         ("orthogonal_random_features", "n_features")),
     Bad("orthogonal_random_features", "boolean", lambda: orthogonal_random_features(True, 4),

@@ -679,7 +679,13 @@ BAD = [  # (id, call, error, the message must match)
      r"linear_attention_step: state .* got S \(2, 4, 4\) and z \(2, 2\)"),
     ("linear_attention_step: state batch does not broadcast", lambda: _step(
         (torch.zeros(3, 4, 4, dtype=torch.float64), torch.zeros(3, 4, dtype=torch.float64))), ValueError,
-     r"linear_attention_step: state .* broadcasting with \(2,\)"),
+     r"linear_attention_step: state .* broadcasting to the tokens' batch \(2,\); got S \(3, 4, 4\)"),
+    ("linear_attention_step: state of a larger batch", lambda: linear_attention_step(
+        _Q[:1, 0], _K[:1, 0], _V[:1, 0], _STATE), ValueError,
+     r"linear_attention_step: state .* the tokens' batch \(1,\); got S \(2, 4, 4\) and z \(2, 4\)"),
+    ("linear_attention_step: state with an extra batch dimension", lambda: _step(
+        (_STATE[0].expand(3, 2, 4, 4), _STATE[1].expand(3, 2, 4))), ValueError,
+     r"linear_attention_step: state .* the tokens' batch \(2,\); got S \(3, 2, 4, 4\)"),
     ("linear_attention_step: float32 state", lambda: _step((_STATE[0].float(), _STATE[1].float())), TypeError,
      r"linear_attention_step: state\[0\] \(S\) must have the dtype of v, torch.float64, got torch.float32"),
     ("linear_attention_step: negative eps", lambda: _step(eps=-1e-6), ValueError,
@@ -687,6 +693,9 @@ BAD = [  # (id, call, error, the message must match)
     ("linear_attention_recurrent: S of the wrong width", lambda: linear_attention_recurrent(
         _Q, _K, _V, (_STATE[0][..., :3], _STATE[1])), ValueError,
      r"linear_attention_recurrent: state must be \(S, z\)"),
+    ("linear_attention_recurrent: state of a larger batch", lambda: linear_attention_recurrent(
+        _Q[:1], _K[:1], _V[:1], _STATE), ValueError,
+     r"linear_attention_recurrent: state .* the tokens' batch \(1,\); got S \(2, 4, 4\)"),
     ("linear_attention_recurrent: no tokens", lambda: linear_attention_recurrent(_Q[:, :0], _K[:, :0], _V[:, :0]),
      ValueError, "linear_attention_recurrent: q, k and v must contain at least one token"),
     ("delta_rule: NaN beta", lambda: delta_rule_attention(_Q, _K, _V, float("nan")), ValueError,
@@ -698,6 +707,9 @@ BAD = [  # (id, call, error, the message must match)
     ("delta_rule: state of the wrong shape", lambda: delta_rule_attention(
         _Q, _K, _V, 1.0, state=torch.zeros(2, 3, 4, dtype=torch.float64)), ValueError,
      r"delta_rule_attention: state must have shape \(\.\.\., M, Ev\) = \(\.\.\., 4, 4\) .* got \(2, 3, 4\)"),
+    ("delta_rule: state of a larger batch", lambda: delta_rule_attention(
+        _Q[:1], _K[:1], _V[:1], 1.0, state=torch.zeros(2, 4, 4, dtype=torch.float64)), ValueError,
+     r"delta_rule_attention: state .* the tokens' batch \(1,\), got \(2, 4, 4\)"),
     ("delta_rule: float32 state", lambda: delta_rule_attention(
         _Q, _K, _V, 1.0, state=torch.zeros(2, 4, 4)), TypeError,
      "delta_rule_attention: state must have the dtype of v, torch.float64, got torch.float32"),
@@ -798,6 +810,36 @@ def test_states_that_broadcast_are_accepted(gen):
     assert out.shape == (2, 4) and S2.shape == (2, 4, 4) and z2.shape == (2, 4)
     for h in range(2):
         torch.testing.assert_close(out[h], linear_attention_step(q[h], k[h], v[h], (S, z))[0])
+
+
+def test_a_shared_state_of_batch_one_is_read_by_every_token(gen):
+    """A size-1 batch dimension of the state broadcasts to the tokens' batch, like a missing one."""
+    q, k, v = (_randn(gen, 3, 4) for _ in range(3))
+    S, z = _randn(gen, 1, 4, 4).abs(), _randn(gen, 1, 4).abs()
+    out, (S2, z2) = linear_attention_step(q, k, v, (S, z))
+    assert S2.shape == (3, 4, 4) and z2.shape == (3, 4)
+    torch.testing.assert_close(out, linear_attention_step(q, k, v, (S[0], z[0]))[0])
+    delta, memory = delta_rule_attention(q[:, None], k[:, None], v[:, None], 0.5, state=S)
+    assert memory.shape == (3, 4, 4)
+    torch.testing.assert_close(delta, delta_rule_attention(q[:, None], k[:, None], v[:, None], 0.5, state=S[0])[0])
+
+
+def test_step_state_covers_the_batch_when_k_has_fewer_dimensions(gen):
+    """k shared by the batch ((1, E) against q, v (3, E)): the returned S and z both cover the batch
+    (z used to keep k's shape and the next step refused the state), and stepping on equals the
+    recurrent form with k expanded to the batch."""
+    q, v = _randn(gen, 3, 2, 4), _randn(gen, 3, 2, 4)
+    k = _randn(gen, 1, 2, 4)
+    state = None
+    outs = []
+    for i in range(2):
+        out, state = linear_attention_step(q[:, i], k[:, i], v[:, i], state)
+        assert state[0].shape == (3, 4, 4) and state[1].shape == (3, 4)
+        outs.append(out)
+    expected, (S, z) = linear_attention_recurrent(q, k.expand(3, 2, 4), v)
+    torch.testing.assert_close(torch.stack(outs, 1), expected)
+    torch.testing.assert_close(state[0], S)
+    torch.testing.assert_close(state[1], z)
 
 
 def test_layers_under_autocast_accept_inputs_of_another_dtype(gen):
