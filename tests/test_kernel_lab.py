@@ -428,3 +428,88 @@ def test_recorders_nest(gen):
     assert inner.tiles("Q") == {(0, 0, 0): [0], (1, 0, 0): [1]}
     assert len(outer.loads) == 2 * 3  # both launches: 1 + 2 key tiles each
     assert outer.tiles("K") == {(0, 0, 0): [0], (1, 0, 0): [0, 1]}
+
+
+_INTERPRETER_OFF = r'''
+import functools, json, os, sys
+import triton  # first: with triton imported, the lab leaves the interpreter off
+from triton.runtime.jit import JITFunction
+import torch
+import attnbook.kernels.lab as lab
+import attnbook.kernels.flash_triton as flash_triton
+from attnbook.exercises import run_check
+
+assert os.environ.get("TRITON_INTERPRET") == "0"
+assert type(flash_triton._fwd_kernel) is JITFunction  # compiled kernels, as on a GPU
+run = JITFunction.run
+q, k, v = (torch.randn(1, 1, 64, 16, generator=torch.Generator().manual_seed(i))
+           for i in range(3))
+with lab.record_loads(Q=q, K=k, V=v) as record:
+    out, _ = flash_triton.flash_forward(q, k, v, is_causal=True)
+exact = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+sys.path.insert(0, sys.argv[1])
+from solutions import softmax_kernel  # defined here with the interpreter off
+verdict = run_check("kernel-lab-softmax", functools.partial(lab.softmax, softmax_kernel))
+print(json.dumps({
+    "error": (out - exact).abs().max().item(),
+    "tiles": {str(p[0]): t for p, t in record.tiles("K", block=32).items()},
+    "restored": JITFunction.run is run and os.environ["TRITON_INTERPRET"] == "0",
+    "softmax": [verdict.passed, verdict.message],
+}))
+'''
+
+
+def test_the_lab_runs_where_the_interpreter_is_off(tmp_path):
+    """On a GPU machine Triton's interpreter is off, so ``@triton.jit`` makes compiled
+    kernels: there the chapter's tile recordings stopped, since they run the library's
+    kernels on CPU tensors. With ``TRITON_INTERPRET=0`` on this CPU the same holds;
+    :func:`lab.interpreting` runs each launch on CPU tensors in an interpreted twin, the
+    ``@triton.jit`` helpers of ``tl.max`` and ``tl.sum`` included, and puts everything
+    back afterwards."""
+    source = "import triton\nimport triton.language as tl\n\n\n" + _SOLUTIONS[SOFTMAX[0]]
+    (tmp_path / "solutions.py").write_text(source)
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    done = subprocess.run(
+        [os.sys.executable, "-c", _INTERPRETER_OFF, str(tmp_path)],
+        capture_output=True, text=True, env=env, timeout=240,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["error"] < 1e-5
+    assert result["tiles"] == {"0": [0], "1": [0, 1]}  # the upper triangle skipped
+    assert result["restored"]
+    assert result["softmax"][0], result["softmax"][1]
+
+
+def test_launches_compile_float32_products_exactly(monkeypatch):
+    """A GPU rounds float32 ``tl.dot`` inputs to TF32 unless ``TRITON_F32_DEFAULT`` says
+    otherwise when the kernel compiles: the launchers set it to ``ieee`` for the launch
+    alone, so float32 checks hold a GPU to float32's accuracy, as the interpreter."""
+    seen = []
+
+    class Kernel:  # stands in for a @triton.jit function; records the environment
+        fn = staticmethod(lambda X, Y: None)
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: seen.append(os.environ["TRITON_F32_DEFAULT"])
+
+    monkeypatch.delenv("TRITON_F32_DEFAULT", raising=False)
+    lab._launch(Kernel(), (1,), "softmax", 1, 2)
+    assert seen == ["ieee"] and "TRITON_F32_DEFAULT" not in os.environ
+    monkeypatch.setenv("TRITON_F32_DEFAULT", "tf32")
+    lab._launch(Kernel(), (1,), "softmax", 1, 2)
+    assert seen == ["ieee", "ieee"] and os.environ["TRITON_F32_DEFAULT"] == "tf32"
+
+
+def test_interpreting_nests_and_restores():
+    from triton.runtime.jit import JITFunction
+
+    run, call = JITFunction.run, JITFunction.__call__
+    before = os.environ.get("TRITON_INTERPRET")
+    with lab.interpreting():
+        assert lab._device().type == "cpu" and os.environ["TRITON_INTERPRET"] == "1"
+        with lab.interpreting():
+            assert JITFunction.run is not run
+        assert JITFunction.run is not run  # the outer block still interprets
+    assert JITFunction.run is run and JITFunction.__call__ is call
+    assert os.environ.get("TRITON_INTERPRET") == before

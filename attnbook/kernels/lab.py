@@ -5,10 +5,11 @@ would cost on named GPUs.
 * **Launchers.** :func:`softmax`, :func:`matmul`, :func:`attention_forward`,
   :func:`attention_backward` and :func:`block_sparse_forward` take the student's
   ``@triton.jit`` kernel first, allocate the outputs, choose the grid and launch it:
-  compiled on a CUDA GPU, in Triton's interpreter on CPU tensors otherwise (a kernel
-  defined while the interpreter was off is re-wrapped, so a student never has to know
-  about ``TRITON_INTERPRET``). Outputs are allocated inside a guard band of NaN: a
-  kernel whose stores leave the output is caught.
+  compiled on a CUDA GPU with exact float32 products (not TF32), in Triton's
+  interpreter on CPU tensors otherwise, whether or not ``TRITON_INTERPRET`` was set
+  when the kernel was defined (:func:`interpreting`), so a student never has to know
+  about it. Outputs are allocated inside a guard band of NaN: a kernel whose stores
+  leave the output is caught.
 * **Recorder.** :func:`record_loads` watches the interpreter's loads and tells, per
   program instance, which rows of each named tensor it read; :func:`plot_loads` draws
   them, one panel per program.
@@ -57,6 +58,7 @@ __all__ = [
     "attention_backward",
     "block_sparse_forward",
     "causal_kernel_without_bound",
+    "interpreting",
     "LoadRecord",
     "record_loads",
     "plot_loads",
@@ -79,8 +81,8 @@ _GUARD = 16  # rows and columns of NaN around every output
 # Launching a student's kernel
 # --------------------------------------------------------------------------------------
 def _runnable(kernel, fn: str):
-    """The kernel as it can run here: compiled on a GPU, interpreted on CPU. A stub
-    (``raise NotImplementedError``) is reported as not attempted."""
+    """The kernel, checked: a ``@triton.jit`` function, and not the exercise's stub
+    (``raise NotImplementedError``), which is reported as not attempted."""
     python = getattr(kernel, "fn", None)
     if python is None or not callable(python):
         raise TypeError(
@@ -88,15 +90,69 @@ def _runnable(kernel, fn: str):
         )
     if "NotImplementedError" in python.__code__.co_names:
         raise NotImplementedError("the kernel is still the exercise's stub")
-    from triton.runtime.interpreter import InterpretedFunction
+    return kernel
 
-    if torch.cuda.is_available() or isinstance(kernel, InterpretedFunction):
-        return kernel
-    return InterpretedFunction(python)
+
+_INTERPRETING = [0]  # depth of the open interpreting() blocks
 
 
 def _device() -> torch.device:
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """Where the launchers run a kernel: the GPU when there is one, the CPU (Triton's
+    interpreter) otherwise and inside :func:`interpreting`."""
+    gpu = torch.cuda.is_available() and not _INTERPRETING[0]
+    return torch.device("cuda" if gpu else "cpu")
+
+
+@contextlib.contextmanager
+def interpreting() -> Iterator[None]:
+    """Within this block every Triton kernel launched on CPU tensors runs in Triton's
+    interpreter, on any machine, and the launchers here run on the CPU.
+
+    Where a GPU is present the interpreter is off, so ``@triton.jit`` made compiled
+    kernels (:mod:`attnbook.kernels.flash_triton`'s, or a student's); inside the block
+    a launch whose tensors are all on the CPU runs an interpreted twin of the kernel
+    instead, its ``@triton.jit`` helpers included. That is how :func:`record_loads`
+    sees the loads of a GPU machine's kernels, and how a check measures the tiles a
+    kernel visits the same way everywhere.
+    """
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    twins: dict[int, InterpretedFunction] = {}  # by id: hashing a JITFunction parses it
+
+    def twin(jitted):
+        if id(jitted) not in twins:
+            twins[id(jitted)] = InterpretedFunction(jitted.fn)
+        return twins[id(jitted)]
+
+    def on_gpu(args, kwargs) -> bool:
+        values = list(args) + list(kwargs.values())
+        return any(isinstance(a, torch.Tensor) and a.is_cuda for a in values)
+
+    run, call = JITFunction.run, JITFunction.__call__
+
+    def interpreted_run(self, *args, grid, warmup, **kwargs):
+        if on_gpu(args, kwargs):
+            return run(self, *args, grid=grid, warmup=warmup, **kwargs)
+        return twin(self).run(*args, grid=grid, warmup=warmup, **kwargs)
+
+    def interpreted_call(self, *args, **kwargs):  # a @triton.jit helper in a kernel
+        return twin(self)(*args, **kwargs)
+
+    switch = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"  # the library's launchers take CPU tensors
+    JITFunction.run, JITFunction.__call__ = interpreted_run, interpreted_call
+    _INTERPRETING[0] += 1
+    try:
+        yield
+    finally:
+        _INTERPRETING[0] -= 1
+        if not _INTERPRETING[0]:
+            JITFunction.run, JITFunction.__call__ = run, call
+            if switch is None:
+                del os.environ["TRITON_INTERPRET"]
+            else:
+                os.environ["TRITON_INTERPRET"] = switch
 
 
 def _guarded(rows: int, cols: int | None, dtype: torch.dtype) -> torch.Tensor:
@@ -120,12 +176,31 @@ def _untouched(out: torch.Tensor, name: str) -> None:
         )
 
 
-def _launch(kernel, grid, fn: str, *args, **constexprs) -> None:
-    """Run ``kernel[grid](*args, **constexprs)``; the interpreter's wrapper of an
-    exception is taken off (a stub's ``NotImplementedError`` stays one)."""
-    runnable = _runnable(kernel, fn)
+@contextlib.contextmanager
+def _ieee_float32() -> Iterator[None]:
+    """Compile with exact float32 products: on a GPU ``tl.dot`` on float32 tiles rounds
+    its inputs to TF32 (10 mantissa bits) unless told otherwise, which no float32 check
+    could tell from a bug. Triton reads ``TRITON_F32_DEFAULT`` when it compiles."""
+    before = os.environ.get("TRITON_F32_DEFAULT")
+    os.environ["TRITON_F32_DEFAULT"] = "ieee"
     try:
-        runnable[grid](*args, **constexprs)
+        yield
+    finally:
+        if before is None:
+            del os.environ["TRITON_F32_DEFAULT"]
+        else:
+            os.environ["TRITON_F32_DEFAULT"] = before
+
+
+def _launch(kernel, grid, fn: str, *args, **constexprs) -> None:
+    """Run ``kernel[grid](*args, **constexprs)``, float32 products exact as in the
+    interpreter (:func:`_ieee_float32`); the interpreter's wrapper of an exception is
+    taken off (a stub's ``NotImplementedError`` stays one)."""
+    runnable = _runnable(kernel, fn)
+    where = interpreting() if _device().type == "cpu" else contextlib.nullcontext()
+    try:
+        with where, _ieee_float32():
+            runnable[grid](*args, **constexprs)
     except Exception as err:
         cause = err.__cause__
         if isinstance(cause, NotImplementedError):
@@ -161,6 +236,10 @@ def _moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def _to_device(*tensors):
     return [_moved(t, _device()) if t is not None else None for t in tensors]
+
+
+def _on_cpu(*tensors):
+    return [_moved(t, torch.device("cpu")) for t in tensors]
 
 
 def _check_softmax(kernel, x) -> None:
@@ -261,9 +340,17 @@ def attention_forward(
     aligned: query ``i`` sees key ``j`` when ``j <= i + S - L``.
 
     With ``record_tiles=True`` a third result says which key tiles each program loaded
-    (bool, ``(programs, key tiles)``; under the interpreter only, ``None`` on a GPU).
+    (bool, ``(programs, key tiles)``), read in Triton's interpreter on every machine:
+    on a GPU the outputs come from the compiled kernel and the tiles from a second run
+    under :func:`interpreting`.
     """
     _check_attention("attention_forward", kernel, q, k, v, is_causal, scale)
+    if record_tiles and _device().type == "cuda":
+        out, lse = attention_forward(kernel, q, k, v, is_causal, scale)
+        with interpreting():
+            *_, tiles = attention_forward(kernel, *_on_cpu(q, k, v), is_causal, scale,
+                                          record_tiles=True)  # fmt: skip
+        return out, lse, tiles
     qd, kd, vd = _to_device(q, k, v)
     (L, E), S = q.shape, k.shape[0]
     scale = 1 / math.sqrt(E) if scale is None else float(scale)
@@ -354,6 +441,12 @@ def block_sparse_forward(
             f"{fn}: layout must have one row per query block and one column per key "
             f"block of {BLOCK}, {blocks}, got {tuple(layout.shape)}"
         )
+    if record_tiles and _device().type == "cuda":
+        out, lse = block_sparse_forward(kernel, q, k, v, layout, scale)
+        with interpreting():
+            *_, tiles = block_sparse_forward(kernel, *_on_cpu(q, k, v), layout, scale,
+                                             record_tiles=True)  # fmt: skip
+        return out, lse, tiles
     qd, kd, vd = _to_device(q, k, v)
     counts = layout.sum(1).to(torch.int32)
     row_ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
@@ -518,9 +611,10 @@ def record_loads(**tensors: torch.Tensor) -> Iterator[LoadRecord]:
     """Within this block, record every load the Triton interpreter makes from the named
     CPU ``tensors`` (``record_loads(Q=q, K=k, V=v)``): which program read which rows.
 
-    It wraps the interpreter's load (``interpreter_builder.create_masked_load``), so it
-    works for any kernel launched under ``TRITON_INTERPRET=1`` or by this module's
-    launchers on CPU; the lanes a mask turns off are not loads and are not counted.
+    It wraps the interpreter's load (``interpreter_builder.create_masked_load``) inside
+    :func:`interpreting`, so it works for any kernel launched on CPU tensors, on a
+    machine with a GPU too; the lanes a mask turns off are not loads and are not
+    counted.
     """
     for name, t in tensors.items():
         if not isinstance(t, torch.Tensor) or t.device.type != "cpu":
@@ -550,7 +644,8 @@ def record_loads(**tensors: torch.Tensor) -> Iterator[LoadRecord]:
 
     interpreter_builder.create_masked_load = load
     try:
-        yield record
+        with interpreting():  # compiled kernels too, where a GPU turned it off
+            yield record
     finally:
         if outer is None:
             del interpreter_builder.create_masked_load  # back to the class's method
