@@ -285,8 +285,9 @@ def check_block_mask(
     fn: str, block_mask, L: int, S: int, block_size: int
 ) -> tuple[int, int]:
     """Check that ``block_mask`` is a bool ``(ceil(L / block_size), ceil(S /
-    block_size))`` tensor (True = the query block attends to the key block); returns
-    that shape."""
+    block_size))`` tensor (True = the query block attends to the key block), with
+    ``block_size`` an integer >= 1; returns that shape."""
+    check_int(fn, "block_size", block_size)
     shape = (-(-L // block_size), -(-S // block_size))
     if (
         not isinstance(block_mask, torch.Tensor)
@@ -385,9 +386,18 @@ def expand_kv_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Grouped-query attention: repeat each of the ``Hk`` key/value heads of ``x``
     ``(..., Hk, S, E)`` for its ``n_heads // Hk`` query heads, giving
     ``(..., n_heads, S, E)``. The readable form; kernels index the shared head instead.
+    ``n_heads`` is an integer >= 0, and ``x`` needs at least one head to repeat unless
+    ``n_heads`` is its own head count.
     """
+    if not isinstance(n_heads, torch.SymInt):  # a traced size under torch.compile
+        check_int("expand_kv_heads", "n_heads", n_heads, minimum=0)
     if x.dim() < 3 or x.shape[-3] == n_heads:
         return x
+    if x.shape[-3] == 0:
+        raise ValueError(
+            f"expand_kv_heads: x has no key/value heads (dim -3) to repeat for "
+            f"n_heads={n_heads}, got x {_shape(x)}"
+        )
     if n_heads % x.shape[-3]:
         raise ValueError(
             f"expand_kv_heads: n_heads={n_heads} must be a multiple of x's "
@@ -482,6 +492,11 @@ def check_decode(
         raise ValueError(
             f"{fn}: q and k_cache must have the same last dimension (head_dim), got q "
             f"{_shape(q)} and k_cache {_shape(k_cache)}"
+        )
+    if k_cache.dim() == 4 and k_cache.shape[1] == 0:  # no head to share (nor divide by)
+        raise ValueError(
+            f"{fn}: k_cache must have at least one key/value head (dim 1, kv_heads), "
+            f"got q {_shape(q)}, k_cache {_shape(k_cache)}, v_cache {_shape(v_cache)}"
         )
     if (
         k_cache.dim() != 4

@@ -27,6 +27,8 @@ ROWS = [
         ("decode_attention", "cache_seqlens")),
     Bad("decode_attention", "wrong-dtype", lambda: decode_attention(_Q, _K, _K, _LENS.float()),
         ("decode_attention", "cache_seqlens")),
+    Bad("decode_attention", "zero", lambda: decode_attention(_Q, _K[:, :0], _K[:, :0], _LENS),
+        ("decode_attention", "k_cache", "kv_heads", "(1, 0, 8, 4)")),
     Bad("default_num_splits", "non-integer", lambda: default_num_splits(2.5, 64),
         ("default_num_splits", "batch_heads")),
     Bad("default_num_splits", "negative", lambda: default_num_splits(2, -1), ("default_num_splits", "max_len")),

@@ -205,6 +205,10 @@ ROWS = [
         ("split_kv_attention", "cache_seqlens")),
     Bad("split_kv_attention", "wrong-shape", lambda: split_kv_attention(_Q, _KC[:1], _VC[:1], _LENS),
         ("split_kv_attention", "k_cache")),
+    Bad("split_kv_attention", "zero", lambda: split_kv_attention(_Q, _KC[:, :0], _VC[:, :0], _LENS),
+        ("split_kv_attention", "k_cache", "kv_heads", "(2, 0, 8, 4)")),
+    Edge("split_kv_attention", "zero", lambda: split_kv_attention(_Q[:, :0], _KC, _VC, _LENS),
+         lambda t: t.shape == (2, 0, 1, 4)),
     Edge("split_kv_attention", "empty", lambda: split_kv_attention(_Q, _KC, _VC, torch.tensor([0, 0])),
          lambda t: t.shape == (2, 2, 1, 4) and not t.any()),
     Edge("split_kv_attention", "empty",
@@ -220,6 +224,10 @@ ROWS = [
     Bad("decode_attention", "boolean", lambda: _decode(return_backend="yes"), ("decode_attention", "return_backend")),
     Bad("decode_attention", "out-of-range", lambda: decode_attention(_Q, _KC, _VC, torch.tensor([9, 1])),
         ("decode_attention", "cache_seqlens")),
+    Bad("decode_attention", "zero", lambda: decode_attention(_Q, _KC[:, :0], _VC[:, :0], _LENS),
+        ("decode_attention", "k_cache", "kv_heads", "(2, 0, 8, 4)")),
+    Bad("decode_attention", "zero", lambda: decode_attention(_Q, _KC[:, :0], _VC[:, :0], _LENS, backend="triton"),
+        ("decode_attention", "k_cache", "kv_heads")),
     # CacheFullError is an exception class
 ]
 
