@@ -82,6 +82,12 @@ def _kv_cache_size(n_layers, d_model, n_heads, n_kv_heads, seq_len, bytes_per_el
     return 2 * n_layers * n_kv_heads * head_dim * seq_len * (batch if use_batch else 1) * bytes_per_elem
 
 
+def _decoding_float_division(T, d, kv_cache=False):
+    if kv_cache:
+        return 8 * T * d * d + int(4 * T * (T + 1) * d / 2)
+    return 4 * T * (T + 1) * d * d + int(2 * T * (T + 1) * (2 * T + 1) * d / 3)  # rounds past 2**53
+
+
 def _decoding_steps_from_zero(T, d, kv_cache=False):
     return _decoding_flops(T, d, kv_cache, steps_from_zero=True)
 
@@ -135,6 +141,10 @@ MISTAKES = [
     Mistake("complexity-projection-crossover", "sides swapped: n = d / 2", _crossover_sides_swapped,
             ("for d_model=1 you return n=0", "at n = 2", "n = d / 2 for every d_model",
              "the two sides swapped")),
+    Mistake("complexity-kv-decoding-cost", "int(x / 3): a float division rounds large totals",
+            (_decoding_float_division, _kv_cache_size),
+            ("decoding_flops(1000000, 4096, kv_cache=False) should be", "off by 524288",
+             "keeps only 53 bits", "divide the integer with //")),
     Mistake("complexity-kv-decoding-cost", "no cache: steps t = 0 .. T - 1",
             (_decoding_steps_from_zero, _kv_cache_size),
             ("decoding_flops(1, 1, kv_cache=False) should be 12", "steps t = 1..1), got 0.",

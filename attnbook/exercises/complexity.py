@@ -268,6 +268,19 @@ def _check_kv_decoding_cost(student) -> None:
                 f"sums{' against t cached keys and values' if kv_cache else ''}."
                 + _decoding_slip(decoding_flops, kv_cache)
             )
+    # totals near 2**72, far past 2**53: a float division such as int(x / 3) rounds
+    for T, d in [(1_000_000, 4096), (123_457, 97)]:
+        for kv_cache in (False, True):
+            expected = _decoding_total(T, d, kv_cache)
+            got = decoding_flops(T, d, kv_cache=kv_cache)
+            what = f"decoding_flops({T}, {d}, kv_cache={kv_cache})"
+            assert_int(got, what, "an exact int")
+            assert got == expected, (
+                f"{what} should be {expected}, got {got}, off by {got - expected}. "
+                "A float (x / 3, int(x / 3), x / 2) keeps only 53 bits, and this "
+                "total needs more: divide the integer with // (T (T + 1) (2T + 1) is "
+                "a multiple of 6, T (T + 1) of 2), so the result is exact."
+            )
     dtypes = {
         1: torch.float8_e4m3fn,
         2: torch.float16,
@@ -300,6 +313,15 @@ def _check_kv_decoding_cost(student) -> None:
             f"got {got}."
             + _cache_slip(got, n_layers, d, h, h_kv, seq_len, nbytes, batch)
         )
+
+
+def _decoding_total(T: int, d: int, kv_cache: bool) -> int:
+    """The FLOPs the check's loop sums over the steps t = 1..T, in closed form with
+    integers (sum t = T(T+1)/2, sum t^2 = T(T+1)(2T+1)/6): with a cache 8 d^2 + 4 t d
+    per step, without one 8 t d^2 + 4 t^2 d."""
+    if kv_cache:
+        return 8 * T * d * d + 2 * T * (T + 1) * d
+    return 4 * T * (T + 1) * d * d + 2 * T * (T + 1) * (2 * T + 1) * d // 3
 
 
 def _decoding_slip(decoding_flops, kv_cache: bool) -> str:
