@@ -7,7 +7,8 @@ lives in :mod:`attnbook.models`; this module measures it:
 * **Counting.** :func:`block_parameters` and :func:`model_parameters` give the
   parameters of every part from the config (Vaswani et al., 2017; GPT-2's layout);
   :func:`block_flops` the forward FLOPs of one block on a sequence, its attention part
-  from :func:`attnbook.complexity.attention_flops`.
+  from :func:`attnbook.complexity.attention_flops` (multi-head latent attention's,
+  DeepSeek-AI, 2024, counted here from its projections).
 * **Initialization.** :func:`residual_stream_rms` reads the size of the residual
   stream after the embedding and after every block, where GPT-2's depth-scaled
   initialization (Radford et al., 2019) keeps it level.
@@ -64,6 +65,10 @@ def _check_config(fn: str, config) -> None:
         raise TypeError(
             f"{fn}: config must be a TransformerConfig, got {type(config).__name__}"
         )
+    try:  # a field set after construction skips __post_init__'s check
+        config.check()
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{fn}: config is invalid: {error}") from None
 
 
 def _check_model(fn: str, model, kind: type = nn.Module) -> None:
@@ -107,14 +112,69 @@ def _mlp_hidden(config: TransformerConfig) -> int:
     return config.d_ff or 4 * config.d_model
 
 
+def _mha_parameters(config: TransformerConfig) -> int:
+    """:class:`attnbook.models.Attention`: ``W_Q, W_O`` ``d x d``, ``W_K, W_V`` ``d x
+    d_kv``, each with a bias."""
+    d = config.d_model
+    d_kv = (config.n_kv_heads or config.n_heads) * (d // config.n_heads)
+    return 2 * d * d + 2 * d * d_kv + 2 * d + 2 * d_kv
+
+
+def _mla_widths(config: TransformerConfig) -> tuple[int, int, int, int, int | None]:
+    """MLA's ``d_h`` (head width), ``d_c`` (KV latent), ``d_R`` (rotary part), ``q_in``
+    (what the query up-projections read: ``d_q`` or ``d``) and ``d_q`` (or ``None``), as
+    :class:`attnbook.models.LatentAttention` builds them."""
+    d_h = config.d_model // config.n_heads
+    d_c = config.kv_latent_dim or 4 * d_h
+    d_q = config.q_latent_dim
+    return d_h, d_c, config.rope_dim, d_q or config.d_model, d_q
+
+
+def _mla_parameters(config: TransformerConfig) -> int:
+    """:class:`attnbook.models.LatentAttention` (no biases; ``h d_h = d``)."""
+    d, h = config.d_model, config.n_heads
+    _, d_c, d_R, q_in, d_q = _mla_widths(config)
+    kv = d * d_c + d_c + 2 * d_c * d + d * d_R  # W^DKV and its RMSNorm, W^UK, W^UV, W^KR
+    q = (d * d_q + d_q if d_q else 0) + q_in * d + q_in * h * d_R  # W^DQ, W^UQ, W^QR
+    return kv + q + d * d  # W^O
+
+
+def _mha_flops(config: TransformerConfig, n: int, B: int) -> int:
+    return attention_flops(
+        n, config.d_model, config.n_heads, B, n_kv_heads=config.n_kv_heads
+    )["matmul"]
+
+
+def _mla_flops(config: TransformerConfig, n: int, B: int) -> int:
+    """MLA without a cache (the keys and values of every head materialized): each
+    projection weight once per token, then ``h`` heads of ``(n, d_h + d_R) x (d_h +
+    d_R, n)`` scores and ``(n, n) x (n, d_h)`` weighted sums."""
+    d, h = config.d_model, config.n_heads
+    d_h, d_c, d_R, _, d_q = _mla_widths(config)
+    weights = _mla_parameters(config) - d_c - (d_q or 0)  # all but the norms' gains
+    return 2 * B * n * weights + 2 * B * h * n * n * (d_h + d_R) + 2 * B * n * n * d
+
+
+#: The parameters and forward FLOPs of each ``config.attention`` kind: one function
+#: per kind, so a new kind without its count fails loudly instead of taking MHA's.
+_ATTENTION_PARAMETERS = {"mha": _mha_parameters, "mla": _mla_parameters}
+_ATTENTION_FLOPS = {"mha": _mha_flops, "mla": _mla_flops}
+
+
 def block_parameters(config: TransformerConfig) -> dict[str, int]:
     """Parameters of one :class:`attnbook.models.Block`, part by part.
 
-    With ``d = d_model``, ``d_kv = n_kv_heads * d / n_heads`` and ``f`` the MLP's hidden
-    width:
+    With ``d = d_model``, ``h = n_heads``, ``d_kv = n_kv_heads * d / h`` and ``f`` the
+    MLP's hidden width:
 
-    * ``attention``: ``W_Q, W_O`` are ``d x d``, ``W_K, W_V`` are ``d x d_kv``, each
-      with a bias: ``2 d^2 + 2 d d_kv + 2 d + 2 d_kv``;
+    * ``attention``, ``"mha"``: ``W_Q, W_O`` are ``d x d``, ``W_K, W_V`` are ``d x
+      d_kv``, each with a bias: ``2 d^2 + 2 d d_kv + 2 d + 2 d_kv``;
+    * ``attention``, ``"mla"`` (no biases; ``d_h = d / h``, ``d_c = kv_latent_dim``,
+      default ``4 d_h``, ``d_R = rope_dim``, ``d_q = q_latent_dim``, ``q_in = d_q``
+      or ``d`` without one): ``W^{DKV}`` ``d d_c`` and its RMSNorm ``d_c``,
+      ``W^{UK}, W^{UV}`` ``2 d_c d``, ``W^{KR}`` ``d d_R``, with ``d_q`` also
+      ``W^{DQ}`` ``d d_q`` and its RMSNorm ``d_q``, ``W^{UQ}`` ``q_in d``, ``W^{QR}``
+      ``q_in h d_R`` and ``W^O`` ``d^2``;
     * ``mlp``: GELU ``2 d f + f + d`` (``f = 4d``); SwiGLU ``3 d f`` (``f = 8d/3``, no
       biases); none for attention-only blocks;
     * ``norms``: ``2 d`` per LayerNorm, ``d`` per RMSNorm, two per block (one without
@@ -123,8 +183,7 @@ def block_parameters(config: TransformerConfig) -> dict[str, int]:
     ``total`` is their sum, about ``12 d^2`` for the GELU block."""
     _check_config("block_parameters", config)
     d = config.d_model
-    d_kv = (config.n_kv_heads or config.n_heads) * (d // config.n_heads)
-    attention = 2 * d * d + 2 * d * d_kv + 2 * d + 2 * d_kv
+    attention = _ATTENTION_PARAMETERS[config.attention](config)
     f = _mlp_hidden(config)
     mlp = {"gelu": 2 * d * f + f + d, "swiglu": 3 * d * f, "none": 0}[config.mlp]
     per_norm = 2 * d if config.norm == "layernorm" else d
@@ -172,15 +231,17 @@ def block_flops(config: TransformerConfig, seq_len: int, batch: int = 1) -> dict
     """Forward FLOPs of one block on ``batch`` sequences of ``seq_len`` tokens (2 per
     multiply-add, matrix products only, as PyTorch's FLOP counter counts them).
 
-    ``attention``: :func:`attnbook.complexity.attention_flops`'s matrix products
-    (projections, scores, weighted sum; a causal mask still computes every score);
-    ``mlp``: ``2 B n d f`` per weight matrix (two for GELU, three for SwiGLU);
-    ``total``: both; ``per_token``: ``total / (B n)``. Training costs about three times
-    the forward (the backward computes two products per forward one)."""
+    ``attention``: for ``"mha"``, :func:`attnbook.complexity.attention_flops`'s matrix
+    products (projections, scores, weighted sum; a causal mask still computes every
+    score); for ``"mla"`` (keys and values materialized, as without a cache), ``2 B n``
+    per weight of its projections (all of :func:`block_parameters`' but the two
+    RMSNorm gains), ``2 B n^2 h (d_h + d_R)`` for the scores (the rotary part widens
+    queries and keys) and ``2 B n^2 d`` for the weighted sum; ``mlp``: ``2 B n d f``
+    per weight matrix (two for GELU, three for SwiGLU); ``total``: both;
+    ``per_token``: ``total / (B n)``. Training costs about three times the forward
+    (the backward computes two products per forward one)."""
     _check_flops(config, seq_len, batch)
-    att = attention_flops(
-        seq_len, config.d_model, config.n_heads, batch, n_kv_heads=config.n_kv_heads
-    )["matmul"]
+    att = _ATTENTION_FLOPS[config.attention](config, seq_len, batch)
     matrices = {"gelu": 2, "swiglu": 3, "none": 0}[config.mlp]
     mlp = matrices * 2 * batch * seq_len * config.d_model * _mlp_hidden(config)
     return {

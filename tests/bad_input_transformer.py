@@ -18,6 +18,15 @@ def _gpt(vocab_size=9):
     return TinyGPT(TransformerConfig(vocab_size=vocab_size, d_model=16, n_heads=2, n_layers=1))
 
 
+def _changed(**fields):
+    """_CONFIG's copy with fields set after construction, so the config never checked
+    them: the counting functions must refuse what TransformerConfig would have."""
+    config = TransformerConfig(**vars(_CONFIG))
+    for name, value in fields.items():
+        setattr(config, name, value)
+    return config
+
+
 def _task():
     return data.date_task(n_train=8, n_test=4, generator=torch.Generator().manual_seed(0))
 
@@ -65,6 +74,12 @@ ROWS = [
     Bad("block_flops", "negative", lambda: T.block_flops(_CONFIG, 4, batch=-1), ("block_flops", "batch")),
     Bad("block_flops", "boolean", lambda: T.block_flops(_CONFIG, True), ("block_flops", "seq_len")),
     Bad("block_flops", "wrong-type", lambda: T.block_flops("gpt", 4), ("block_flops", "config")),
+    Bad("block_parameters", "out-of-range", lambda: T.block_parameters(_changed(attention="gqa")),
+        ("block_parameters", "config", "attention")),
+    Bad("model_parameters", "out-of-range", lambda: T.model_parameters(_changed(mlp="relu")),
+        ("model_parameters", "config", "mlp")),
+    Bad("block_flops", "out-of-range", lambda: T.block_flops(_changed(attention="mla", positional="none"), 4),
+        ("block_flops", "config", "positional='rope'")),
     # the residual stream
     Bad("residual_stream_rms", "out-of-range", lambda: T.residual_stream_rms(_gpt(), torch.full((1, 4), 9)),
         ("residual_stream_rms", "idx", "[0, 9)")),

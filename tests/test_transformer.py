@@ -22,6 +22,8 @@ CONFIGS = [
     dict(n_kv_heads=1, mlp="swiglu", norm="rmsnorm"),
     dict(d_ff=100),
     dict(norm_position="post"),
+    dict(attention="mla"),
+    dict(attention="mla", kv_latent_dim=20, q_latent_dim=24, rope_dim=8, mlp="swiglu"),
 ]
 
 
@@ -70,11 +72,18 @@ def test_swiglu_holds_as_many_weights_as_gelu_without_biases():
 
 @pytest.mark.parametrize(
     "options",
-    [dict(), dict(mlp="swiglu"), dict(n_kv_heads=1), dict(mlp="none")],
+    [
+        dict(positional="none"),
+        dict(positional="none", mlp="swiglu"),
+        dict(positional="none", n_kv_heads=1),
+        dict(positional="none", mlp="none"),
+        dict(attention="mla"),
+        dict(attention="mla", q_latent_dim=12, rope_dim=6, mlp="none"),
+    ],
     ids=str,
 )
 def test_block_flops_equal_pytorchs_flop_counter(options):
-    config = TransformerConfig(d_model=32, n_heads=4, positional="none", **options)
+    config = TransformerConfig(d_model=32, n_heads=4, **options)
     block = models.Block(config, is_causal=True)
     x = torch.randn(3, 11, 32)
     with FlopCounterMode(display=False) as counter:
@@ -82,6 +91,14 @@ def test_block_flops_equal_pytorchs_flop_counter(options):
     counted = transformer.block_flops(config, seq_len=11, batch=3)
     assert counted["total"] == counter.get_total_flops()
     assert counted["per_token"] == counted["total"] / 33
+
+
+def test_latent_attention_is_counted_as_latent_attention_not_as_mha():
+    # d = 16, h = 2, d_c = 4 d_h = 32, d_R = 4: the MHA formula gave 3,280 parameters
+    # and 64,640 FLOPs (B = 2, n = 5); FlopCounterMode measures 89,760
+    config = TransformerConfig(d_model=16, n_heads=2, attention="mla", rope_dim=4)
+    assert transformer.block_parameters(config)["total"] == 4464
+    assert transformer.block_flops(config, seq_len=5, batch=2)["total"] == 89760
 
 
 def test_residual_stream_rms_reads_the_stream_and_scaled_init_keeps_it_level():
