@@ -29,7 +29,6 @@ import importlib.util
 import math
 import numbers
 import os
-import sys
 
 import torch
 
@@ -695,31 +694,11 @@ def select_backend(
 
 def _interpreter_missing(q: torch.Tensor) -> str | None:
     """Why the Triton kernels cannot run on ``q`` (None when they can)."""
-    if not _triton_importable():
-        return (
-            "the triton package, which is not installed (pip install triton, or "
-            "attnbook[gpu])"
-        )
-    if q.is_cuda:
-        return None
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        return (
-            f"a CUDA tensor or Triton's CPU interpreter; q is on {q.device} and "
-            "TRITON_INTERPRET is not '1'. For the interpreter (slow, for tests) set "
-            "os.environ['TRITON_INTERPRET'] = '1' before "
-            "attnbook.kernels.flash_triton is first imported (restart the Python "
-            "kernel if it was)"
-        )
-    module = sys.modules.get("attnbook.kernels.flash_triton")
-    kernel = getattr(module, "_fwd_kernel", None)
-    if kernel is not None and type(kernel).__name__ != "InterpretedFunction":
-        return (
-            f"Triton's CPU interpreter for q on {q.device}: TRITON_INTERPRET=1 was "
-            "set after attnbook.kernels.flash_triton had been imported, so its kernels "
-            "were compiled for a GPU (Triton reads the variable when it defines them). "
-            "Set it before the first import (restart the Python kernel)"
-        )
-    return None
+    from .kernels import triton_missing
+
+    return triton_missing(
+        q, "attnbook.kernels.flash_triton", "_fwd_kernel", installed=_triton_importable()
+    )
 
 
 def _select_backend(

@@ -897,7 +897,10 @@ def decode_attention(
     with ``"auto"``, when the tensors are on a CUDA GPU that can run it
     (:func:`attnbook.kernels.plan`); :func:`split_kv_attention` (``backend="torch"``)
     otherwise. Shapes as in :func:`split_kv_attention`. With ``return_backend=True``
-    it returns ``(out, backend)``, the backend that ran.
+    it returns ``(out, backend)``, the backend that ran. ``backend="triton"`` on a
+    CPU tensor needs Triton's interpreter (``TRITON_INTERPRET=1`` set before the
+    kernels are first imported); without it, or without Triton, a ``RuntimeError``
+    says what is missing (:func:`attnbook.kernels.triton_missing`).
     """
     fn = "decode_attention"
     if backend not in ("auto", "triton", "torch"):
@@ -911,6 +914,14 @@ def decode_attention(
 
         backend = plan_for("decode", q, v_cache)[0]
     if backend == "triton":
+        from .kernels import triton_missing
+
+        missing = triton_missing(q, "attnbook.kernels.decode", "_split_kernel")
+        if missing is not None:  # before Triton's own "0 active drivers"
+            raise RuntimeError(
+                f"{fn}: backend='triton' needs {missing}. Or use backend='torch' "
+                "(split_kv_attention) or backend='auto'."
+            )
         from .kernels.decode import decode_attention as triton_decode_attention
 
         out = triton_decode_attention(

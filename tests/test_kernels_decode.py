@@ -131,3 +131,15 @@ def test_num_splits_zero_is_refused_before_launch():
         decode_attention(q, k, k, torch.tensor([40]), num_splits=0)
     with pytest.raises(ValueError, match="decode_attention: scale must be a finite number"):
         decode_attention(q, k, k, torch.tensor([40]), scale=float("nan"))
+
+
+def test_the_kernel_without_a_gpu_or_the_interpreter_says_how_to_get_one(monkeypatch):
+    """Called on CPU tensors with TRITON_INTERPRET unset, the launcher says what is missing and
+    how to get it (the check of attnbook.kernels.triton_missing), before Triton's '0 active drivers'."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 40, 16)
+    with pytest.raises(RuntimeError) as info:
+        decode_attention(q, k, k, torch.tensor([40]))
+    message = str(info.value)
+    assert message.startswith("decode_attention: the Triton kernel needs a CUDA tensor or Triton's CPU interpreter")
+    assert "TRITON_INTERPRET" in message and "backend='torch'" in message and "0 active drivers" not in message

@@ -432,3 +432,56 @@ def test_num_splits_zero_and_bad_sizes_are_refused_not_replaced():
         KVCache(1, 1, 1, 4, 8).update(0, torch.zeros(1, 1, 1, 4, dtype=torch.long), torch.zeros(1, 1, 1, 4))
     with pytest.raises(ValueError, match="PagedKVCache.gather: seq_id 'x' is not allocated"):
         PagedKVCache(2, 2, 1, 4).gather("x")
+
+
+def test_decode_triton_without_a_gpu_or_the_interpreter_says_how_to_get_one(monkeypatch):
+    """decode_attention(backend="triton") on a CPU tensor without TRITON_INTERPRET: a clear
+    RuntimeError naming the function, how to get the interpreter and backend='torch', not
+    Triton's raw '0 active drivers'; the same words as the flash path (one helper,
+    attnbook.kernels.triton_missing)."""
+    import sys
+
+    from attnbook import kernels
+    from attnbook.flash import select_backend
+
+    q, k = torch.zeros(1, 2, 1, 16), torch.zeros(1, 1, 8, 16)
+    lens = torch.tensor([5])
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(RuntimeError) as info:
+        decode_attention(q, k, k, lens, backend="triton")
+    message = str(info.value)
+    assert message.startswith("decode_attention: backend='triton' needs a CUDA tensor or Triton's CPU interpreter")
+    assert "os.environ['TRITON_INTERPRET'] = '1' before attnbook.kernels.decode" in message
+    assert "backend='torch'" in message and "0 active drivers" not in message
+    with pytest.raises(RuntimeError) as flash_info:
+        select_backend(q, "triton")
+    assert "TRITON_INTERPRET is not '1'. For the interpreter (slow, for tests) set" in str(flash_info.value)
+    # the variable set after the decode kernels were compiled for a GPU: said so
+    fake = type(sys)("attnbook.kernels.decode")
+    fake._split_kernel = type("JITFunction", (), {})()
+    monkeypatch.setitem(sys.modules, "attnbook.kernels.decode", fake)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(RuntimeError, match=r"decode_attention: .*TRITON_INTERPRET=1 was set after "
+                                           r"attnbook.kernels.decode had been imported"):
+        decode_attention(q, k, k, lens, backend="triton")
+    # no Triton at all: said so, before importing the kernel module fails
+    monkeypatch.setattr(kernels, "_triton_version", lambda: None)
+    with pytest.raises(RuntimeError, match="decode_attention: backend='triton' needs the triton package"):
+        decode_attention(q, k, k, lens, backend="triton")
+    # backend='torch' still runs
+    assert decode_attention(q, k, k, lens, backend="torch").shape == (1, 2, 1, 16)
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+def test_decode_with_no_query_heads_or_no_batch_gives_empty_outputs_and_zero_kv_heads_is_refused(backend):
+    """Heads 0 and batch 0 give the empty result of the documented shape (as SDPA over
+    empty shapes); a cache with no key/value head has nothing to share: ValueError."""
+    q, k = randn(2, 2, 1, 8, seed=12), randn(2, 2, 6, 8, seed=13)
+    lens = torch.tensor([3, 6])
+    for qq, kk, ll in ((q[:, :0], k, lens), (q[:0], k[:0], lens[:0])):
+        out = decode_attention(qq, kk, kk, ll, backend=backend)
+        expected = F.scaled_dot_product_attention(qq, kk[:, : qq.shape[1]], kk[:, : qq.shape[1]])
+        assert out.shape == expected.shape == (*qq.shape[:2], 1, 8)
+    with pytest.raises(ValueError, match=r"decode_attention: k_cache must have at least one key/value head .*"
+                                         r"k_cache \(2, 0, 6, 8\)"):
+        decode_attention(q, k[:, :0], k[:, :0], lens, backend=backend)

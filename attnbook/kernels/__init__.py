@@ -36,6 +36,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import sys
 import textwrap
 from dataclasses import dataclass
 
@@ -235,6 +236,48 @@ def plan_for(
     width = max(x.shape[-1], v.shape[-1] if v is not None else 0)
     capability = torch.cuda.get_device_capability(x.device) if x.is_cuda else None
     return plan(kernel, capability, x.dtype, width, _triton_version(), block_size)
+
+
+def triton_missing(
+    x: torch.Tensor, module: str, kernel: str, *, installed: bool | None = None
+) -> str | None:
+    """What the Triton kernel ``kernel`` of the module ``module`` (its dotted name,
+    ``"attnbook.kernels.decode"``) still needs to run on tensors like ``x``, said so
+    that a reader can get it; ``None`` when it can run.
+
+    A CUDA tensor runs on the GPU. A CPU tensor needs Triton's interpreter:
+    ``TRITON_INTERPRET=1`` set before ``module`` is first imported, since Triton reads
+    it when the kernels are defined. Without it Triton fails with "0 active drivers",
+    and set too late the kernel was compiled for a GPU. ``installed`` says whether
+    Triton is installed (default: look). The dispatchers
+    (:func:`attnbook.flash.flash_attention`, :func:`attnbook.kvcache.decode_attention`,
+    :func:`attnbook.kernels.decode.decode_attention`) raise with this before a
+    launch."""
+    if installed is None:
+        installed = _triton_version() is not None
+    if not installed:
+        return (
+            "the triton package, which is not installed (pip install triton, or "
+            "attnbook[gpu])"
+        )
+    if x.is_cuda:
+        return None
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        return (
+            f"a CUDA tensor or Triton's CPU interpreter; q is on {x.device} and "
+            "TRITON_INTERPRET is not '1'. For the interpreter (slow, for tests) set "
+            f"os.environ['TRITON_INTERPRET'] = '1' before {module} is first imported "
+            "(restart the Python kernel if it was)"
+        )
+    defined = getattr(sys.modules.get(module), kernel, None)
+    if defined is not None and type(defined).__name__ != "InterpretedFunction":
+        return (
+            f"Triton's CPU interpreter for q on {x.device}: TRITON_INTERPRET=1 was "
+            f"set after {module} had been imported, so its kernels were compiled for a "
+            "GPU (Triton reads the variable when it defines them). Set it before the "
+            "first import (restart the Python kernel)"
+        )
+    return None
 
 
 @dataclass(frozen=True)

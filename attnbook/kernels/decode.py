@@ -33,6 +33,7 @@ import triton
 import triton.language as tl
 
 from ..contract import check_decode, check_int, check_real, check_sizes
+from . import triton_missing
 
 __all__ = ["MAX_HEAD_DIM", "decode_attention", "default_num_splits", "variants"]
 
@@ -282,7 +283,7 @@ def variants(dtype: torch.dtype, head_dim: int, v_dim: int | None = None) -> lis
 def _check_decode_kernel(q, k_cache, v_cache, cache_seqlens, num_splits, scale):
     """The contract's decode checks, then the kernel's limits: head dims up to
     ``MAX_HEAD_DIM``, ``num_splits`` None or in ``[1, MAX_SPLITS]``, ``scale`` None
-    or finite."""
+    or finite, and a CUDA tensor or Triton's interpreter to run on."""
     fn = "decode_attention"
     check_decode(fn, q, k_cache, v_cache, cache_seqlens)
     for name, t in (("q", q), ("v_cache", v_cache)):
@@ -298,6 +299,12 @@ def _check_decode_kernel(q, k_cache, v_cache, cache_seqlens, num_splits, scale):
         )
     if scale is not None:
         check_real(fn, "scale", scale)
+    missing = triton_missing(q, __name__, "_split_kernel", installed=True)
+    if missing is not None:  # before Triton's own "0 active drivers"
+        raise RuntimeError(
+            f"{fn}: the Triton kernel needs {missing}. Or use "
+            "attnbook.kvcache.decode_attention(..., backend='torch')."
+        )
 
 
 def decode_attention(
@@ -316,9 +323,11 @@ def decode_attention(
 
     Equal to ``softmax(q k^T * scale) v`` (``scale`` default ``1 / sqrt(head_dim)``)
     over each valid prefix: ``(batch, heads, 1, v_dim)``; a sequence of length 0 gets
-    zeros. ``num_splits`` defaults to :func:`default_num_splits`. Two launches:
-    ``_split_kernel`` on a ``(batch * heads, num_splits)`` grid, then ``_merge_kernel``
-    on ``(batch * heads,)``.
+    zeros. A CPU tensor needs Triton's interpreter (``TRITON_INTERPRET=1`` before this
+    module is imported): without it a ``RuntimeError`` says so, rather than Triton's
+    "0 active drivers". ``num_splits`` defaults to :func:`default_num_splits`. Two
+    launches: ``_split_kernel`` on a ``(batch * heads, num_splits)`` grid, then
+    ``_merge_kernel`` on ``(batch * heads,)``.
     """
     _check_decode_kernel(q, k_cache, v_cache, cache_seqlens, num_splits, scale)
     B, H, _, d = q.shape
