@@ -14,7 +14,7 @@ TORCH_INDEX   ?=
 export OMP_NUM_THREADS ?= 1
 JOBS   ?= 2
 
-.PHONY: help install book test test-fast test-grading student clean release links pdf
+.PHONY: help install book test test-fast test-grading student clean release links pdf gpu-check
 
 help:
 	@echo "make book   build the website into _build/html (creates $(VENV), executes every chapter)"
@@ -25,6 +25,7 @@ help:
 	@echo "make release VERSION=X.Y.Z   set the version and pin every install cell (maintainers)"
 	@echo "make links       point every link at _config.yml's repository.url (a fork runs this once)"
 	@echo "make pdf         the whole book as one PDF: _build/pdf/attention-book.pdf"
+	@echo "make gpu-check   on a CUDA machine: every chapter, the GPU tests and benchmarks -> benchmarks/results/gpu/"
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -82,3 +83,11 @@ release: $(STAMP)
 # the clone commands at it.
 links: $(STAMP)
 	$(BIN)/python tools/release.py --links
+
+# On a machine with a CUDA GPU, in the Python that already has torch and triton (Colab's, or a GPU
+# image's; not $(VENV), whose torch is the CPU build): every chapter, the GPU tests and the GPU
+# benchmarks, written to benchmarks/results/gpu/<device>.json and .md (tools/gpu_check.py says how
+# to bring Jupyter's packages to a machine without a network).
+GPU_PYTHON ?= python3
+gpu-check:
+	$(GPU_PYTHON) tools/gpu_check.py run

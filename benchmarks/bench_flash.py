@@ -11,13 +11,19 @@ and prints the best times, peak extra memory (``attnbook.complexity.measure``) a
 last line checks the targets at the longest length: tiled peak memory <= 1/10 of naive, tiled time
 <= 3x SDPA.
 
-On a CUDA device (``--device cuda``) it prints instead a table of TFLOP/s for the forward pass and
-for forward + backward of the Triton kernels (``attnbook.flash.flash_attention(backend="triton")``),
-SDPA, FlexAttention compiled with ``torch.compile`` and naive attention, causal and not, with the
-Triton / SDPA ratio and peak memory. Before timing it checks every length with FlashAttention-2's
-rule: against a float32 reference, the Triton output and gradients may err at most twice as much as
-PyTorch's attention computed in the same dtype (plus 1e-3 absolute); it stops with an
-AssertionError naming the length and tensor otherwise.
+On a CUDA device (``--device cuda``) it prints instead the TFLOP/s of the Triton kernels
+(``attnbook.flash.flash_attention(backend="triton")``), SDPA, FlexAttention compiled with
+``torch.compile`` and naive attention, forward and forward + backward, on a matrix of points (float16
+and bfloat16, head dims 64 and 128, causal and not, n = 1k .. 16k, at batch 1 with 16 heads and at a
+batch that fills the GPU; ``--quick``: float16, head dim 64, batch 1, n = 1k and 4k), with Triton's
+speed over SDPA's and FlexAttention's per point and their geometric means and lowest points. Before
+timing a point it checks FlashAttention-2's rule: against a float32 reference, the Triton output and
+gradients may err at most twice as much as PyTorch's attention computed in the same dtype (plus 1e-3
+absolute); it stops with an AssertionError naming the length and tensor otherwise. The ``max err``
+column is the output's error for the forward pass and the gradients' for forward + backward.
+FlexAttention is timed compiled or not at all: dynamo may compile one graph per shape (its recompile
+limit is raised to the points' number), and a call that would run flex_attention unfused raises.
+``--json FILE`` writes the rows and the summary (what ``tools/gpu_check.py`` commits).
 
 With ``--window W`` (CPU) it times the PyTorch tiled path with a sliding window of ``W`` keys
 (``flash_attention(..., window_size=(W, 0), is_causal=True)``) against the full causal path: at a
@@ -27,14 +33,18 @@ causal one grows with ``n``.
 Run it from the repository root::
 
     python benchmarks/bench_flash.py                    # CPU, n = 1024 .. 16384, about 1-2 min
-    python benchmarks/bench_flash.py --device cuda      # GPU table, fp16, n = 512 .. 16384
+    python benchmarks/bench_flash.py --device cuda      # GPU matrix (many minutes: compiles FlexAttention per shape)
+    python benchmarks/bench_flash.py --device cuda --quick --json flash.json  # the GPU check's minute
     python benchmarks/bench_flash.py --window 256       # CPU, windowed vs causal, n = 1024 .. 16384
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import time
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -52,18 +62,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--min-log2-n", type=int, default=None, help="shortest n is 2^this (default 10 CPU, 9 GPU)")
     parser.add_argument("--max-log2-n", type=int, default=14, help="longest n is 2^this (default 14: 16384)")
     parser.add_argument("--heads", type=int, default=None, help="heads (default 1 on CPU, 16 on GPU)")
-    parser.add_argument("--head-dim", type=int, default=64, help="head width d (default 64)")
+    parser.add_argument("--head-dim", type=int, default=None, help="head width d (default 64; GPU: 64 and 128)")
     parser.add_argument("--block", type=int, default=None, help="tile rows of the CPU tiled path (default: plan_tiles)")
     parser.add_argument("--dtype", default=None, help="float32 / float16 / bfloat16 (default float32 CPU, float16 GPU)")
     parser.add_argument("--threads", type=int, default=1, help="CPU threads for torch (default 1)")
     parser.add_argument("--repeat", type=int, default=3, help="timed runs per point; the fastest is reported")
     parser.add_argument("--window", type=int, default=None, help="time a sliding window of this many keys (CPU)")
+    parser.add_argument("--quick", action="store_true", help="GPU: float16, one head dim, batch 1, n = 1024 and 4096")
+    parser.add_argument("--json", default=None, help="GPU: also write the rows and the summary to this file")
     return parser.parse_args(argv)
 
 
 def cpu_table(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
-    heads, d, dtype = args.heads or 1, args.head_dim, getattr(torch, args.dtype or "float32")
+    heads, d, dtype = args.heads or 1, args.head_dim or 64, getattr(torch, args.dtype or "float32")
     lo = 10 if args.min_log2_n is None else args.min_log2_n
     tiles = {} if args.block is None else {"block_q": args.block, "block_k": args.block}
     shown = "x".join(map(str, plan_tiles(d, dtype=dtype))) + " (plan_tiles)" if args.block is None else args.block
@@ -99,7 +111,7 @@ def cpu_table(args: argparse.Namespace) -> None:
 def window_table(args: argparse.Namespace) -> None:
     """Sliding-window vs causal attention on the PyTorch tiled path: time per token."""
     torch.set_num_threads(args.threads)
-    heads, d, w = args.heads or 4, args.head_dim, args.window
+    heads, d, w = args.heads or 4, args.head_dim or 64, args.window
     lo = 10 if args.min_log2_n is None else args.min_log2_n
     print(f"device=cpu threads={args.threads} float32 batch=1 heads={heads} head_dim={d} window={w} "
           f"tile={'x'.join(map(str, plan_tiles(d)))} (plan_tiles; best of {args.repeat} runs)")
@@ -141,8 +153,11 @@ def gpu_time(fn, backward: bool, repeat: int) -> float:
     return min(times)
 
 
-def check_gpu_accuracy(q, k, v, causal: bool, n: int) -> float:
-    """FlashAttention-2's rule for the Triton output and gradients; returns the largest error."""
+def check_accuracy(q, k, v, causal: bool, n: int) -> dict:
+    """FlashAttention-2's rule for the Triton output and gradients: against a float32
+    reference, each errs at most twice PyTorch's error in the inputs' dtype plus 1e-3
+    (an AssertionError names the length and tensor otherwise). Returns the largest error
+    of the output (``"fwd"``) and of the gradients (``"fwd+bwd"``)."""
     grad = torch.randn_like(q)
 
     def run(fn, dtype):
@@ -154,16 +169,46 @@ def check_gpu_accuracy(q, k, v, causal: bool, n: int) -> float:
     exact = run(lambda *t: F.scaled_dot_product_attention(*t, is_causal=causal), torch.float32)
     same = run(lambda *t: F.scaled_dot_product_attention(*t, is_causal=causal), q.dtype)
     ours = run(lambda *t: flash_attention(*t, is_causal=causal, backend="triton"), q.dtype)
-    worst = 0.0
+    errors = {}
     for name, r, p, o in zip(["out", "dq", "dk", "dv"], exact, same, ours):
         err, err_pt = (o - r).abs().max().item(), (p - r).abs().max().item()
         assert err <= 2 * err_pt + 1e-3, f"n={n} causal={causal} {name}: Triton error {err:.3g} > 2 x PyTorch's {err_pt:.3g}"
-        worst = max(worst, err)
-    return worst
+        errors[name] = err
+    return {"fwd": errors["out"], "fwd+bwd": max(errors["dq"], errors["dk"], errors["dv"])}
 
 
-def flex_attention_fn(causal: bool, n: int):
-    """``torch.compile(flex_attention)`` with a causal block mask when asked (None if unavailable)."""
+#: The flex_attention warning that says it runs unfused: eager, or dynamo gave up compiling.
+UNFUSED = "flex_attention called without torch.compile"
+
+
+def raise_recompile_limit(shapes: int) -> None:
+    """Let dynamo compile one FlexAttention graph per shape the benchmark times: past its
+    recompile limit (8 by default) it silently runs flex_attention eagerly, unfused."""
+    import torch._dynamo
+
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 4 * shapes))
+
+
+def fused_only(fn):
+    """``fn`` that raises instead of running FlexAttention unfused: flex_attention warns
+    when it runs without torch.compile (eager, or after dynamo gave up on a shape), and a
+    benchmark must never print that path's time as FlexAttention's."""
+    def call(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=UNFUSED)
+            try:
+                return fn(*args, **kwargs)
+            except UserWarning as err:
+                raise RuntimeError(f"FlexAttention ran unfused, not compiled: {err}") from None
+    return call
+
+
+def flex_attention_fn(causal: bool, n: int, device: str = "cuda"):
+    """``torch.compile(flex_attention)`` with a causal block mask when asked, refusing the
+    unfused path (:func:`fused_only`); ``None`` where torch has no FlexAttention."""
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:  # pragma: no cover - torch < 2.5
@@ -171,46 +216,133 @@ def flex_attention_fn(causal: bool, n: int):
     compiled = torch.compile(flex_attention, dynamic=False)
     mask = None
     if causal:
-        mask = create_block_mask(lambda b, h, i, j: j <= i, None, None, n, n, device="cuda")
-    return lambda q, k, v: compiled(q, k, v, block_mask=mask)
+        mask = create_block_mask(lambda b, h, i, j: j <= i, None, None, n, n, device=device)
+    return fused_only(lambda q, k, v: compiled(q, k, v, block_mask=mask))
 
 
-def gpu_table(args: argparse.Namespace) -> None:
-    heads, d, dtype = args.heads or 16, args.head_dim, getattr(torch, args.dtype or "float16")
-    lo = 9 if args.min_log2_n is None else args.min_log2_n
-    print(f"device={torch.cuda.get_device_name()} dtype={dtype} batch=1 heads={heads} head_dim={d} (best of {args.repeat}; TFLOP/s)")
-    print(f"{'causal':>6} {'pass':>8} {'n':>6} | {'triton':>7} {'sdpa':>7} {'flex':>7} {'naive':>7} triton/sdpa "
-          f"triton/flex | {'triton MiB':>10} {'naive MiB':>10} | max err")
-    for causal in (False, True):
+def matrix(args: argparse.Namespace) -> list[dict]:
+    """The points timed: dtype, head dim, causal, (batch, heads) and n. The full matrix
+    has float16 and bfloat16, head dims 64 and 128, causal and not, n = 1k .. 16k, each at
+    batch 1 with 16 heads and at a batch that fills the GPU (batch x heads x n >= 64k
+    tokens); --quick keeps float16, one head dim, batch 1 and two lengths."""
+    if args.quick:
+        dtypes, dims, logs = [args.dtype or "float16"], [args.head_dim or 64], [10, 12]
+        shapes = ["one"]
+    else:
+        dtypes = [args.dtype] if args.dtype else ["float16", "bfloat16"]
+        dims = [64, 128] if args.head_dim is None else [args.head_dim]
+        lo = 10 if args.min_log2_n is None else args.min_log2_n
+        logs, shapes = list(range(lo, args.max_log2_n + 1)), ["one", "filled"]
+    heads = args.heads or 16
+    points = []
+    for dtype in dtypes:
+        for d in dims:
+            for causal in (False, True):
+                for log2_n in logs:
+                    n = 2**log2_n
+                    for shape in shapes:
+                        batch = 1 if shape == "one" else max(1, -(-65536 // (heads * n)))
+                        if shape == "filled" and batch == 1:
+                            continue  # batch 1 fills it already
+                        points.append(dict(dtype=dtype, head_dim=d, causal=causal, batch=batch,
+                                           heads=heads, n=n))
+    return points
+
+
+def geometric_mean(values: list[float]) -> float:
+    values = [v for v in values if v == v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+
+
+def summary(rows: list[dict]) -> dict:
+    """Per pass: the geometric mean and the smallest of Triton's speed over SDPA's and over
+    compiled FlexAttention's, and the point where each is smallest."""
+    out = {}
+    for name in ("fwd", "fwd+bwd"):
+        mine = [r for r in rows if r["pass"] == name]
+        if not mine:
+            continue
+        entry = {}
+        for other in ("sdpa", "flex"):
+            key = f"speed_vs_{other}"
+            values = [r[key] for r in mine if r[key] == r[key]]
+            if values:
+                worst = min((r for r in mine if r[key] == r[key]), key=lambda r: r[key])
+                entry[key] = {"geomean": geometric_mean(values), "min": worst[key],
+                              "min_at": {k: worst[k] for k in ("dtype", "head_dim", "causal", "batch", "n")}}
+        out[name] = entry
+    return out
+
+
+def time_point(point: dict, backward: bool, repeat: int, timer=gpu_time, device: str = "cuda",
+               flex=None, errors: dict | None = None) -> dict:
+    """One row: TFLOP/s of Triton, SDPA, FlexAttention (``flex``: a function of q, k, v or
+    None) and naive attention on one point, their ratios, peak memory and the error."""
+    B, H, n, d = point["batch"], point["heads"], point["n"], point["head_dim"]
+    dtype, causal = getattr(torch, point["dtype"]), point["causal"]
+    q, k, v = (torch.randn(B, H, n, d, device=device, dtype=dtype, requires_grad=backward)
+               for _ in range(3))
+    flops = 4 * B * H * n * n * d * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)  # bwd = 2.5x fwd
+    fns = {
+        "triton": lambda: flash_attention(q, k, v, is_causal=causal, backend="triton"),
+        "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
+        "flex": (lambda: flex(q, k, v)) if flex is not None else None,
+        "naive": lambda: naive_attention(q, k, v, is_causal=causal),
+    }
+    cuda = device.startswith("cuda")
+    tflops, mem = {}, {}
+    for name, fn in fns.items():
+        too_big = name == "naive" and cuda and B * H * n * n * 4 * 4 > 0.5 * torch.cuda.mem_get_info()[0]
+        if fn is None or too_big:  # no FlexAttention here, or naive's n x n tensors would not fit
+            tflops[name], mem[name] = float("nan"), float("nan")
+            continue
+        if cuda:
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+        tflops[name] = flops / timer(fn, backward, repeat) / 1e12
+        mem[name] = (torch.cuda.max_memory_allocated() - base) / 2**20 if cuda else float("nan")
+    name = "fwd+bwd" if backward else "fwd"
+    return {**point, "pass": name, "tflops": tflops, "peak_mib": mem,
+            "speed_vs_sdpa": tflops["triton"] / tflops["sdpa"],
+            "speed_vs_flex": tflops["triton"] / tflops["flex"],
+            "max_err": (errors or {}).get(name, float("nan"))}
+
+
+def gpu_table(args: argparse.Namespace, timer=gpu_time) -> dict:
+    """The Triton kernels against SDPA, compiled FlexAttention and naive attention on the
+    points of :func:`matrix`, forward and forward + backward: prints the table and the
+    geometric means, returns them (``--json`` writes them)."""
+    device = args.device
+    points = matrix(args)
+    raise_recompile_limit(2 * len(points))  # one forward and one backward graph per point
+    info = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
+            "torch": torch.__version__, "repeat": args.repeat, "quick": args.quick}
+    print(f"device={info['device']} (best of {args.repeat}; TFLOP/s; speed = Triton's TFLOP/s / the other's)")
+    print(f"{'dtype':>8} {'d':>3} {'causal':>6} {'B':>3} {'H':>3} {'n':>6} {'pass':>8} | {'triton':>7} {'sdpa':>7} "
+          f"{'flex':>7} {'naive':>7} | vs sdpa  vs flex | {'triton MiB':>10} | max err")
+    rows = []
+    for point in tqdm(points, desc="points", leave=False):
+        B, H, n, d = point["batch"], point["heads"], point["n"], point["head_dim"]
+        q, k, v = (torch.randn(B, H, n, d, device=device, dtype=getattr(torch, point["dtype"]))
+                   for _ in range(3))
+        errors = check_accuracy(q, k, v, point["causal"], n)
+        del q, k, v
         for backward in (False, True):
-            for log2_n in range(lo, args.max_log2_n + 1):
-                n = 2**log2_n
-                q, k, v = (torch.randn(1, heads, n, d, device="cuda", dtype=dtype, requires_grad=backward) for _ in range(3))
-                err = check_gpu_accuracy(q, k, v, causal, n) if not backward else float("nan")
-                flex = flex_attention_fn(causal, n)
-                flops = 4 * heads * n * n * d * (0.5 if causal else 1.0) * (3.5 if backward else 1.0)  # bwd = 2.5x fwd
-                fns = {
-                    "triton": lambda: flash_attention(q, k, v, is_causal=causal, backend="triton"),
-                    "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
-                    "flex": (lambda: flex(q, k, v)) if flex is not None else None,
-                    "naive": lambda: naive_attention(q, k, v, is_causal=causal),
-                }
-                tflops, mem = {}, {}
-                for name, fn in fns.items():
-                    if fn is None:
-                        tflops[name], mem[name] = float("nan"), float("nan")
-                        continue
-                    if name == "naive" and heads * n * n * 4 * 4 > 0.5 * torch.cuda.mem_get_info()[0]:
-                        tflops[name], mem[name] = float("nan"), float("nan")  # its n x n tensors would not fit
-                        continue
-                    torch.cuda.reset_peak_memory_stats()
-                    base = torch.cuda.memory_allocated()
-                    tflops[name] = flops / gpu_time(fn, backward, args.repeat) / 1e12
-                    mem[name] = (torch.cuda.max_memory_allocated() - base) / 2**20
-                print(f"{str(causal):>6} {'fwd+bwd' if backward else 'fwd':>8} {n:>6} | {tflops['triton']:7.1f} "
-                      f"{tflops['sdpa']:7.1f} {tflops['flex']:7.1f} {tflops['naive']:7.1f} "
-                      f"{tflops['triton'] / tflops['sdpa']:11.2f} {tflops['triton'] / tflops['flex']:11.2f} | "
-                      f"{mem['triton']:10.1f} {mem['naive']:10.1f} | {err:.1e}")
+            flex = flex_attention_fn(point["causal"], n, device)
+            row = time_point(point, backward, args.repeat, timer, device, flex, errors)
+            rows.append(row)
+            t = row["tflops"]
+            tqdm.write(f"{row['dtype']:>8} {d:>3} {str(row['causal']):>6} {B:>3} {H:>3} {n:>6} {row['pass']:>8} | "
+                       f"{t['triton']:7.1f} {t['sdpa']:7.1f} {t['flex']:7.1f} {t['naive']:7.1f} | "
+                       f"{row['speed_vs_sdpa']:7.2f} {row['speed_vs_flex']:8.2f} | {row['peak_mib']['triton']:10.1f} | "
+                       f"{row['max_err']:.1e}")
+    result = {**info, "rows": rows, "summary": summary(rows)}
+    for name, entry in result["summary"].items():
+        for key, s in entry.items():
+            at = s["min_at"]
+            print(f"{name:>8} {key}: geometric mean {s['geomean']:.2f}, lowest {s['min']:.2f} at {at['dtype']} "
+                  f"d={at['head_dim']} causal={at['causal']} B={at['batch']} n={at['n']}")
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -219,7 +351,10 @@ def main(argv: list[str] | None = None) -> None:
     if args.window is not None:
         window_table(args)
     elif args.device.startswith("cuda"):
-        gpu_table(args)
+        result = gpu_table(args)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
     else:
         cpu_table(args)
 

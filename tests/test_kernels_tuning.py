@@ -113,3 +113,27 @@ def test_an_unmeasured_newer_gpu_uses_the_nearest_older_measurement():
     assert tuning._measured_target((12, 0)) == 90
     assert tuning._measured_target((6, 1)) is None
     assert tuning.candidates("flash_fwd", (6, 1), torch.float16, 64) == []
+
+
+def test_pick_without_autotuning_compiles_up_to_the_first_clean_configuration(monkeypatch):
+    """``ATTNBOOK_AUTOTUNE=0`` (the GPU check's correctness runs): no timing, and no
+    configuration compiled past the first that launches without spilling."""
+    monkeypatch.setenv("ATTNBOOK_AUTOTUNE", "0")
+    spills = {Config(128, 64): None, Config(64, 64): 8, Config(32, 32): 0, Config(16, 16): 0}
+    launched = []
+
+    def run(config):
+        launched.append(config)
+        if spills[config] is None:
+            raise OutOfResources("shared memory")
+        return Compiled(spills[config])
+
+    def timer(fn):
+        raise AssertionError("ATTNBOOK_AUTOTUNE=0 times nothing")
+
+    best = tuning.pick(("k", 9), list(spills), run, timer=timer)
+    assert best == Config(32, 32) and launched == [Config(128, 64), Config(64, 64), Config(32, 32)]
+    assert tuning.tuned()[("k", 9)] == best
+    every_one_spills = {Config(64, 64): 8, Config(32, 32): 16}
+    best = tuning.pick(("k", 10), list(every_one_spills), lambda c: Compiled(every_one_spills[c]))
+    assert best == Config(64, 64)  # all spill: the first still runs
