@@ -238,8 +238,9 @@ def block_flops(config: TransformerConfig, seq_len: int, batch: int = 1) -> dict
     RMSNorm gains), ``2 B n^2 h (d_h + d_R)`` for the scores (the rotary part widens
     queries and keys) and ``2 B n^2 d`` for the weighted sum; ``mlp``: ``2 B n d f``
     per weight matrix (two for GELU, three for SwiGLU); ``total``: both;
-    ``per_token``: ``total / (B n)``. Training costs about three times the forward
-    (the backward computes two products per forward one)."""
+    ``per_token``: ``total / (B n)``. A training step, forward and backward, costs
+    ``3 total``: the backward computes two products per forward one (the gradients of
+    both factors)."""
     _check_flops(config, seq_len, batch)
     att = _ATTENTION_FLOPS[config.attention](config, seq_len, batch)
     matrices = {"gelu": 2, "swiglu": 3, "none": 0}[config.mlp]
