@@ -187,7 +187,16 @@ class LayerComplexity:
 
     def evaluate(self, n: int, d: int, k: int = 3, r: int = 16) -> dict:
         """The three columns evaluated (constants dropped) for concrete ``n, d, k,
-        r``."""
+        r``: positive integers, the kernel ``k >= 2`` (the base of ``log_k n``; a
+        kernel of width 1 never connects two positions). Anything else is a
+        ``ValueError`` naming the argument."""
+        fn = "LayerComplexity.evaluate"
+        check_sizes(fn, n=n, d=d, k=k, r=r)
+        if k < 2:
+            raise ValueError(
+                f"{fn}: k must be a kernel width >= 2 (the path length is log_k n), "
+                f"got {k!r}"
+            )
         return {
             "layer": self.layer,
             "complexity": self.complexity_fn(n, d, k, r),

@@ -15,6 +15,7 @@ from attnbook.complexity import (
     reversible_stack,
     rnn_flops,
     saved_activation_bytes,
+    vaswani_table1,
 )
 
 _X = torch.zeros(1, 2)
@@ -30,6 +31,17 @@ ROWS = [
     Bad("attention_flops", "boolean", lambda: attention_flops(True, 16), ("attention_flops", "seq_len")),
     Bad("attention_flops", "out-of-range", lambda: attention_flops(8, 16, n_heads=3), ("attention_flops", "n_heads")),
     Bad("attention_flops", "negative", lambda: attention_flops(8, 16, kv_len=-1), ("attention_flops", "kv_len")),
+    Bad("LayerComplexity.evaluate", "zero", lambda: vaswani_table1()[3].evaluate(8, 16, r=0),
+        ("LayerComplexity.evaluate", "r")),
+    Bad("LayerComplexity.evaluate", "zero", lambda: vaswani_table1()[2].evaluate(0, 16), ("LayerComplexity.evaluate", "n")),
+    Bad("LayerComplexity.evaluate", "out-of-range", lambda: vaswani_table1()[2].evaluate(8, 16, k=1),
+        ("LayerComplexity.evaluate", "k")),
+    Bad("LayerComplexity.evaluate", "negative", lambda: vaswani_table1()[0].evaluate(8, -16),
+        ("LayerComplexity.evaluate", "d")),
+    Bad("LayerComplexity.evaluate", "non-integer", lambda: vaswani_table1()[1].evaluate(8.5, 16),
+        ("LayerComplexity.evaluate", "n")),
+    Bad("LayerComplexity.evaluate", "boolean", lambda: vaswani_table1()[2].evaluate(8, 16, k=True),
+        ("LayerComplexity.evaluate", "k")),
     Bad("rnn_flops", "zero", lambda: rnn_flops(0, 8), ("rnn_flops", "seq_len")),
     Bad("rnn_flops", "non-integer", lambda: rnn_flops(4, 8.5), ("rnn_flops", "hidden")),
     Bad("attention_memory_bytes", "non-integer", lambda: attention_memory_bytes(8, bytes_per_elem=2.5),
@@ -59,6 +71,5 @@ ROWS = [
 ]
 EXEMPT = {
     "SOFTMAX_FLOPS_PER_ELEMENT": "a constant",
-    "LayerComplexity": "a frozen dataclass of results (a row of Table 1), built by vaswani_table1",
-    "vaswani_table1": "takes no argument",
+    "vaswani_table1": "takes no argument (its rows' evaluate has rows under LayerComplexity.evaluate)",
 }

@@ -249,6 +249,85 @@ def test_vaswani_table1_evaluate():
     assert sa.evaluate(1024, 512)["complexity"] > rec.evaluate(1024, 512)["complexity"]
 
 
+def _layers_to_connect(n: int, offsets) -> int:
+    """The fewest layers after which position n - 1 has read position 0, when in layer ``l``
+    position ``i`` reads positions ``i - o`` for ``o`` in ``offsets(l)``: a breadth-first walk."""
+    reached, layers = {0}, 0
+    while n - 1 not in reached:
+        reached = {p + o for p in reached for o in offsets(layers) if p + o < n}
+        layers += 1
+    return layers
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 64, 100, 243])
+def test_vaswani_table1_path_lengths_are_the_layers_that_connect_the_ends(n):
+    """The path-length column against the layered graphs it describes: self-attention
+    connects any two positions in one layer, a recurrence in n - 1 steps, dilated
+    convolutions of width k (dilation k^l in layer l) in ceil(log_k n) layers, while
+    contiguous kernels need O(n / k) layers (the docstring's remark) and a neighbourhood
+    of r positions O(n / r)."""
+    rows = {row.layer: row for row in vaswani_table1()}
+    assert _layers_to_connect(n, lambda l: range(n)) == min(n - 1, 1)
+    assert rows["Self-Attention"].evaluate(n, 8)["path_length"] == 1
+    recurrent = rows["Recurrent"].evaluate(n, 8)
+    assert _layers_to_connect(n, lambda l: (0, 1)) == n - 1 == recurrent["path_length"] - 1
+    assert recurrent["sequential"] == rnn_flops(n, 8)["sequential_steps"] == n
+    for k in (2, 3, 5):
+        dilated = _layers_to_connect(n, lambda l: [j * k**l for j in range(k)])
+        path = rows["Convolutional"].evaluate(n, 8, k=k)["path_length"]
+        assert dilated == math.ceil(path - 1e-9)
+        contiguous = _layers_to_connect(n, lambda l: range(k))
+        assert n / k - 1 <= contiguous <= 2 * n / k + 1
+    for r in (3, 5, 9):  # r positions centred on the query: it reads (r - 1) / 2 back
+        restricted = _layers_to_connect(n, lambda l: range((r + 1) // 2))
+        path = rows["Self-Attention (restricted)"].evaluate(n, 8, r=r)["path_length"]
+        assert path - 1 <= restricted <= 3 * path + 1
+
+
+@pytest.mark.parametrize("n, d, k, r", [(6, 8, 3, 3), (16, 4, 5, 5), (9, 12, 3, 7)])
+def test_vaswani_table1_complexities_are_flop_counts_without_their_constants(n, d, k, r):
+    """Each complexity column is the FLOP count of its layer (FlopCounterMode, 2 per
+    multiply-add) divided by a constant: 4 for attention's two matmuls and the recurrence's
+    two matrix-vector products per step, 2 for a convolution. So the table's crossover of
+    self-attention and recurrence lies where crossover_length says."""
+    sa, rec, conv, restricted = vaswani_table1()
+    steps = attention_flops(n, d)
+    assert 4 * sa.evaluate(n, d)["complexity"] == steps["scores"] + steps["weighted_sum"]
+    assert 4 * rec.evaluate(n, d)["complexity"] == rnn_flops(n, d)["total"]
+    x, w = torch.randn(1, d, n), torch.randn(d, d, k)
+    assert 2 * conv.evaluate(n, d, k=k)["complexity"] == counted_flops(
+        torch.nn.functional.conv1d, x, w, padding=(k - 1) // 2
+    )
+    q, keys = torch.randn(n, 1, d), torch.randn(n, r, d)  # r neighbours per query
+
+    def banded(q, keys):
+        weights = torch.softmax(q @ keys.transpose(-2, -1), -1)  # (n, 1, r)
+        return weights @ keys
+
+    assert 4 * restricted.evaluate(n, d, r=r)["complexity"] == counted_flops(banded, q, keys)
+    assert sa.evaluate(crossover_length(d), d)["complexity"] == rec.evaluate(crossover_length(d), d)["complexity"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n=0, d=8), "n must be a positive integer, got 0"),
+        (dict(n=8, d=0), "d must be a positive integer, got 0"),
+        (dict(n=8, d=8, k=0), "k must be a positive integer, got 0"),
+        (dict(n=8, d=8, k=1), r"k must be a kernel width >= 2 \(the path length is log_k n\), got 1"),
+        (dict(n=8, d=8, r=0), "r must be a positive integer, got 0"),
+        (dict(n=8.5, d=8), "n must be a positive integer, got 8.5"),
+        (dict(n=True, d=8), "n must be a positive integer, got True"),
+    ],
+)
+def test_vaswani_table1_evaluate_refuses_sizes_it_cannot_evaluate(kwargs, match):
+    """Regression: sizes of 0 divided by zero (log base 1, n / 0) or took log 0; every row
+    refuses them, naming the argument."""
+    for row in vaswani_table1():
+        with pytest.raises(ValueError, match=f"LayerComplexity.evaluate: {match}"):
+            row.evaluate(**kwargs)
+
+
 # ---------------------------------------------------------------------------------------------
 # loglog_slope and measure
 # ---------------------------------------------------------------------------------------------
@@ -524,6 +603,33 @@ def test_reversible_stack_saves_only_its_output_whatever_the_depth():
         and plain[1] > 1.9 * plain[0]
         and plain[2] > 3.8 * plain[0]
     )
+
+
+def test_reversible_stack_backward_recomputes_every_f_and_g_once():
+    """The docstring's cost: the backward pass runs each block's F and G once more (about one
+    extra forward pass); the plain stack never reruns them."""
+    calls = []
+
+    class Counted(nn.Module):
+        def __init__(self, name):
+            super().__init__()
+            self.name, self.linear = name, nn.Linear(3, 3).double()
+
+        def forward(self, x):
+            calls.append(self.name)
+            return torch.tanh(self.linear(x))
+
+    blocks = [ReversibleBlock(Counted(f"f{i}"), Counted(f"g{i}")) for i in range(3)]
+    x1, x2 = (torch.randn(2, 3, dtype=torch.float64, requires_grad=True) for _ in range(2))
+    y1, y2 = reversible_stack(blocks, x1, x2)
+    assert sorted(calls) == sorted(f"{fg}{i}" for i in range(3) for fg in "fg")  # forward: once each
+    calls.clear()
+    (y1.sum() + y2.sum()).backward()
+    assert sorted(calls) == sorted(f"{fg}{i}" for i in range(3) for fg in "fg")  # backward: once more
+    calls.clear()
+    y1, y2 = _plain_stack(blocks, x1, x2)
+    (y1.sum() + y2.sum()).backward()
+    assert len(calls) == 6
 
 
 def test_reversible_stack_validation():
