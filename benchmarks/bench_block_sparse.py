@@ -51,6 +51,7 @@ from attnbook.sparse import (
     expand_block_mask,
 )
 from attnbook.utils import default_device, seed_everything
+from common import fused_only, raise_recompile_limit  # benchmarks/common.py
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -122,7 +123,7 @@ def compiled_flex(blocks: torch.Tensor, args: argparse.Namespace, q, k, v, sync)
     t0 = time.perf_counter()
     block_mask = flex_block_mask(blocks, args.block)
     build = time.perf_counter() - t0
-    compiled = torch.compile(flex_attention, dynamic=False)
+    compiled = fused_only(torch.compile(flex_attention, dynamic=False))  # never unfused
     fn = lambda: compiled(q, k, v, block_mask=block_mask)  # noqa: E731
     t0 = time.perf_counter()
     with warnings.catch_warnings():
@@ -246,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
+    raise_recompile_limit(args.max_log2_n - args.min_log2_n + 1)  # FlexAttention per length
     print(sweep(args) if args.sweep else report(run(args), args))
 
 

@@ -44,7 +44,6 @@ import argparse
 import json
 import math
 import time
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +53,7 @@ from attnbook.complexity import measure
 from attnbook.core import scaled_dot_product_attention as naive_attention
 from attnbook.flash import flash_attention, plan_tiles, tiled_attention_forward
 from attnbook.utils import default_device, seed_everything
+from common import fused_only, raise_recompile_limit  # benchmarks/common.py
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -175,35 +175,6 @@ def check_accuracy(q, k, v, causal: bool, n: int) -> dict:
         assert err <= 2 * err_pt + 1e-3, f"n={n} causal={causal} {name}: Triton error {err:.3g} > 2 x PyTorch's {err_pt:.3g}"
         errors[name] = err
     return {"fwd": errors["out"], "fwd+bwd": max(errors["dq"], errors["dk"], errors["dv"])}
-
-
-#: The flex_attention warning that says it runs unfused: eager, or dynamo gave up compiling.
-UNFUSED = "flex_attention called without torch.compile"
-
-
-def raise_recompile_limit(shapes: int) -> None:
-    """Let dynamo compile one FlexAttention graph per shape the benchmark times: past its
-    recompile limit (8 by default) it silently runs flex_attention eagerly, unfused."""
-    import torch._dynamo
-
-    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
-                 "accumulated_cache_size_limit"):
-        if hasattr(torch._dynamo.config, name):
-            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 4 * shapes))
-
-
-def fused_only(fn):
-    """``fn`` that raises instead of running FlexAttention unfused: flex_attention warns
-    when it runs without torch.compile (eager, or after dynamo gave up on a shape), and a
-    benchmark must never print that path's time as FlexAttention's."""
-    def call(*args, **kwargs):
-        with warnings.catch_warnings():
-            warnings.filterwarnings("error", message=UNFUSED)
-            try:
-                return fn(*args, **kwargs)
-            except UserWarning as err:
-                raise RuntimeError(f"FlexAttention ran unfused, not compiled: {err}") from None
-    return call
 
 
 def flex_attention_fn(causal: bool, n: int, device: str = "cuda"):

@@ -54,6 +54,7 @@ from attnbook.sparse import (
     sliding_window_mask,
 )
 from attnbook.utils import seed_everything
+from common import fused_only, raise_recompile_limit  # benchmarks/common.py
 
 GIB = 2**30
 METHODS = ("attnbook", "flex", "sdpa")
@@ -165,7 +166,7 @@ def run(args, device: torch.device) -> list[dict]:
     """One row per (pattern, length), the patterns' compilations sharing one compiled function."""
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     lengths = [1024, 2048, 4096] if args.quick else [4096, 8192, 16384]
-    compiled = torch.compile(flex_attention, dynamic=False)
+    compiled = fused_only(torch.compile(flex_attention, dynamic=False))  # never unfused
     generator = seed_everything(0)
     cells = [(pattern, n) for pattern in ("sliding window", "BigBird") for n in lengths]
     return [
@@ -233,10 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_grad_enabled(False)
     if args.threads:
         torch.set_num_threads(args.threads)
-    dynamo = torch._dynamo.config
-    for name in ("recompile_limit", "cache_size_limit"):  # one compilation per pattern and n
-        if hasattr(dynamo, name):
-            setattr(dynamo, name, max(getattr(dynamo, name), 64))
+    raise_recompile_limit(16)  # one compilation per pattern and n
     devices = args.devices.split(",") if args.devices else ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
     for name in devices:
         device = torch.device(name)

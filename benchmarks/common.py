@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 from attnbook.complexity import loglog_slope
 
 
@@ -21,3 +23,32 @@ def record(series: dict, n: int, measurement: dict) -> None:
     series["n"].append(n)
     series["time_s"].append(measurement["min_s"])
     series["peak_bytes"].append(measurement["peak_bytes"] or 0)
+
+
+#: The flex_attention warning that says it runs unfused: eager, or dynamo gave up compiling.
+UNFUSED = "flex_attention called without torch.compile"
+
+
+def raise_recompile_limit(shapes: int) -> None:
+    """Let dynamo compile one FlexAttention graph per shape the benchmark times: past its
+    recompile limit (8 by default) it silently runs flex_attention eagerly, unfused."""
+    import torch._dynamo
+
+    for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
+                 "accumulated_cache_size_limit"):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 4 * shapes))
+
+
+def fused_only(fn):
+    """``fn`` that raises instead of running FlexAttention unfused: flex_attention warns
+    when it runs without torch.compile (eager, or after dynamo gave up on a shape), and a
+    benchmark must never print that path's time as FlexAttention's."""
+    def call(*args, **kwargs):
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=UNFUSED)
+            try:
+                return fn(*args, **kwargs)
+            except UserWarning as err:
+                raise RuntimeError(f"FlexAttention ran unfused, not compiled: {err}") from None
+    return call
