@@ -585,12 +585,11 @@ def text_patterns(text: str) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
             quote = t if quote is None else None
         elif quote is not None:
             add("open quote", t, quote)
-        if t >= 1:
-            pair = text[t - 1 : t + 1]
-            j = last_pair_end.get(pair)
-            if j is not None and j < t - 1:
-                add("induction", t, j + 1)
-            last_pair_end[pair] = t
+        if t >= 3:  # the pairs ending at 1 .. t - 2 are known: add the one at t - 2
+            last_pair_end[text[t - 3 : t - 1]] = t - 2
+        j = last_pair_end.get(text[t - 1 : t + 1]) if t >= 1 else None
+        if j is not None:  # j < t - 1 even where text[t-2:t] is the pair too (a run)
+            add("induction", t, j + 1)
     return {
         name: (
             torch.tensor(queries[name], dtype=torch.long),

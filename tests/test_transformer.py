@@ -1,11 +1,14 @@
 """The chapter on the Transformer block: counts against the modules' own parameters and
 PyTorch's FLOP counter, the training recipe, bits per character against a direct count,
-the head patterns against hand-made texts, the encoder-decoder's greedy decoding against
+the head patterns against hand-made texts and, on any text, their definitions, the
+encoder-decoder's greedy decoding against
 its forward pass."""
 
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 import torch
 from torch.nn import functional as F
 from torch.utils.flop_counter import FlopCounterMode
@@ -371,3 +374,74 @@ def test_bad_arguments_name_the_function_and_the_argument():
         transformer.sample_text(gpt, chars, "az", 3)
     with pytest.raises(ValueError, match="repeat_losses: period must be an integer >= 2, got 1"):
         transformer.repeat_losses(gpt, torch.zeros(2, 2, dtype=torch.long), 1)
+
+
+# --------------------------------------------------------------------------------------
+# The docstrings' claims, as properties
+# --------------------------------------------------------------------------------------
+PATTERN_NAMES = (
+    "previous character",
+    "start of word",
+    "open bracket",
+    "open quote",
+    "induction",
+)
+
+
+def _patterns_by_definition(text: str) -> dict[str, dict[int, int]]:
+    """``{name: {t: k(t)}}`` straight from ``text_patterns``' docstring, each position
+    on its own by a scan of the text before it (the slow obvious way)."""
+    out = {name: {} for name in PATTERN_NAMES}
+    for t, ch in enumerate(text):
+        if t >= 1:
+            out["previous character"][t] = t - 1
+        if ch.isalpha() and t >= 1 and text[t - 1].isalpha():
+            start = t
+            while start > 0 and text[start - 1].isalpha():
+                start -= 1
+            out["start of word"][t] = start
+        if ch not in "([{)]}":
+            depth = 0  # closing brackets between t and the key, each closes one
+            for j in range(t - 1, -1, -1):
+                if text[j] in ")]}":
+                    depth += 1
+                elif text[j] in "([{":
+                    if depth == 0:
+                        out["open bracket"][t] = j
+                        break
+                    depth -= 1
+        if ch != '"' and text[:t].count('"') % 2 == 1:
+            out["open quote"][t] = text.rindex('"', 0, t)
+        ends = [j for j in range(1, t - 1) if text[j - 1 : j + 1] == text[t - 1 : t + 1]]
+        if t >= 1 and ends:
+            out["induction"][t] = ends[-1] + 1
+    return out
+
+
+#: Texts of letters, runs of one letter, spaces, brackets of each kind (matched or
+#: not) and quotes: every case the definitions distinguish.
+TEXTS = st.lists(
+    st.sampled_from(["a", "b", "aaa", "ab", " ", "(", ")", "[", "]", "{", "}", '"', "."]),
+    max_size=24,
+).map("".join)
+
+
+@settings(max_examples=60, deadline=None)
+@given(text=TEXTS)
+def test_text_patterns_follow_their_definitions_on_any_text(text):
+    patterns = transformer.text_patterns(text)
+    assert tuple(patterns) == PATTERN_NAMES
+    expected = _patterns_by_definition(text)
+    for name, (queries, keys) in patterns.items():
+        assert queries.dtype == keys.dtype == torch.long
+        assert queries.tolist() == sorted(expected[name]), name  # each t once, in order
+        assert dict(zip(queries.tolist(), keys.tolist())) == expected[name], name
+
+
+def test_induction_points_past_the_latest_earlier_pair_in_a_run():
+    """Regression: in a run of one character the pair at ``t`` also ends at ``t - 1``;
+    the key is the latest occurrence ending before that, not none."""
+    q, k = transformer.text_patterns("aaaa")["induction"]
+    assert dict(zip(q.tolist(), k.tolist())) == {3: 2}
+    q, k = transformer.text_patterns("ab aaa")["induction"]
+    assert dict(zip(q.tolist(), k.tolist())) == {}
