@@ -122,3 +122,15 @@ def test_every_command_it_runs_exists(tool):
     assert re.search(r"^gpu-check:\n\t\$\(GPU_PYTHON\) tools/gpu_check.py run$", makefile, re.M)
     for module in tool.CHAPTER_MODULES:
         assert re.fullmatch(r"[a-z_]+", module)
+
+
+def test_time_a_step_leaves_goes_to_the_next(tool, monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr(tool.time, "monotonic", lambda: clock[0])
+    timeouts = tool._timeouts([0.5, 0.25, 0.25], 400)
+    assert next(timeouts) == 200  # half of the whole
+    clock[0] = 50.0  # the first step took 50 s of its 200
+    assert next(timeouts) == 175  # half of the 350 left, the steps after it share the rest
+    clock[0] = 100.0
+    assert next(timeouts) == 300
+    assert list(tool._timeouts([1.0], 10)) == [30.0]  # never under 30 s

@@ -239,18 +239,28 @@ def _junit(path: Path) -> dict:
     return counts
 
 
+def _timeouts(shares: list[float], budget: float):
+    """One timeout per step, each its share of what is left of ``budget`` when it starts:
+    time a step leaves unused goes to the steps after it."""
+    deadline = time.monotonic() + budget
+    for n, share in enumerate(shares):
+        left = max(0.0, deadline - time.monotonic())
+        yield max(30.0, left * share / sum(shares[n:]))
+
+
 def tests(budget: float, work: Path) -> dict:
     """The GPU tests and the differential tests' GPU cases, each within its share."""
     runs = {
-        "test_kernels_gpu": (["tests/test_kernels_gpu.py", "-n", "6"], {}, 0.65),
+        "test_kernels_gpu": (["tests/test_kernels_gpu.py", "-n", "8"], {}, 0.6),
         "differential_gpu": (
-            ["tests/test_differential.py", "-k", "test_kernel_", "-n", "4"],
+            ["tests/test_differential.py", "-k", "test_kernel_", "-n", "8"],
             {"ATTNBOOK_AUTOTUNE": "0"},
-            0.35,
+            0.4,
         ),
     }
     results = {}
-    for name, (args, extra, share) in runs.items():
+    timeouts = _timeouts([share for *_, share in runs.values()], budget)
+    for (name, (args, extra, _)), timeout in zip(runs.items(), timeouts):
         xml, log = work / f"{name}.xml", work / f"{name}.log"
         command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                    f"--junitxml={xml}", *args]  # fmt: skip
@@ -259,7 +269,7 @@ def tests(budget: float, work: Path) -> dict:
             try:
                 subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
                                stdin=subprocess.DEVNULL, env=_child_env(extra),
-                               timeout=max(30, share * budget))  # fmt: skip
+                               timeout=timeout)  # fmt: skip
                 timed_out = False
             except subprocess.TimeoutExpired:
                 timed_out = True
@@ -272,7 +282,8 @@ def benchmarks(budget: float, work: Path) -> dict:
     """Each GPU benchmark's quick mode alone on the GPU: its printed table, and its
     JSON where it writes one."""
     results = {}
-    for name, args, share, writes_json in BENCHMARKS:
+    timeouts = _timeouts([share for _, _, share, _ in BENCHMARKS], budget)
+    for (name, args, _, writes_json), timeout in zip(BENCHMARKS, timeouts):
         data, log = work / f"{name}.json", work / f"{name}.log"
         command = [sys.executable, f"benchmarks/{name}.py", *args]
         command += ["--json", str(data)] if writes_json else []
@@ -281,7 +292,7 @@ def benchmarks(budget: float, work: Path) -> dict:
             try:
                 done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT,
                                       cwd=ROOT, stdin=subprocess.DEVNULL,
-                                      env=_child_env(), timeout=max(30, share * budget))
+                                      env=_child_env(), timeout=timeout)
                 status = "passed" if done.returncode == 0 else f"exit {done.returncode}"
             except subprocess.TimeoutExpired:
                 status = "timed out"
@@ -351,14 +362,18 @@ def run(args: argparse.Namespace) -> int:
     print(f"GPU check on {env.get('device')}: {len(names)} chapters, {args.jobs} at once",
           flush=True)
     report = {"environment": env}
-    report["chapters"] = chapters(names, args.jobs, 0.45 * args.budget, work / "chapters")
+    deadline = time.monotonic() + args.budget  # a step's unused time goes to the next
+
+    def left() -> float:
+        return max(30.0, deadline - time.monotonic())
+
+    report["chapters"] = chapters(names, args.jobs, 0.4 * args.budget, work / "chapters")
     print("chapters:", sum(c["status"] == "passed" for c in report["chapters"]), "of",
           len(names), "passed", flush=True)  # fmt: skip
-    report["tests"] = {} if args.skip_tests else tests(0.2 * args.budget, work)
+    report["tests"] = {} if args.skip_tests else tests(0.5 * left(), work)
     print("tests:", {k: (v["passed"], v["failed"]) for k, v in report["tests"].items()},
           flush=True)  # fmt: skip
-    report["benchmarks"] = {} if args.skip_benchmarks else benchmarks(
-        0.35 * args.budget, work)  # fmt: skip
+    report["benchmarks"] = {} if args.skip_benchmarks else benchmarks(left(), work)
     report["seconds"] = round(time.perf_counter() - start, 1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -401,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(RESULTS), help="where the report goes")
     p.add_argument("--work", default="/tmp/gpu-check", help="logs and partial results")
     p.add_argument("--jobs", type=int, default=4, help="chapters at once")
-    p.add_argument("--budget", type=float, default=450, help="seconds for the whole check")
+    p.add_argument("--budget", type=float, default=460, help="seconds for the whole check")
     p.add_argument("--chapters", default=None, help="comma-separated (default: all)")
     p.add_argument("--commit", default=None, help="the commit checked (default: git's)")
     p.add_argument("--skip-tests", action="store_true")
