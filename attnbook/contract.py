@@ -408,11 +408,17 @@ def expand_kv_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
 
 def default_scale(scale: float | None, head_dim: int) -> float:
     """``scale``, or ``1 / sqrt(head_dim)`` when it is None (a NaN, infinite or bool
-    ``scale`` is a ``ValueError``)."""
+    ``scale`` is a ``ValueError``, and so is the default for a ``head_dim`` below 1,
+    where it is undefined)."""
     if isinstance(scale, bool) or (
         isinstance(scale, numbers.Real) and not math.isfinite(scale)
     ):
         raise ValueError(f"default_scale: scale must be a finite number, got {scale!r}")
+    if scale is None and head_dim < 1:
+        raise ValueError(
+            f"default_scale: head_dim is {head_dim}, so the default scale "
+            "1/sqrt(head_dim) is undefined: pass scale="
+        )
     return 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
 
 

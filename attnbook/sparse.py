@@ -341,14 +341,28 @@ def _pad_seq(x: torch.Tensor, length: int) -> torch.Tensor:
     return torch.nn.functional.pad(x, (0, 0, 0, length - x.shape[-2]))
 
 
-def _check_block_sparse(q, k, v, block_mask, b, is_causal, scale) -> None:
+def _scale(fn: str, q: torch.Tensor, scale: float | None) -> float:
+    """``scale`` (checked finite), or ``1 / sqrt(E)`` for ``q (..., E)``, which needs
+    ``E >= 1``."""
+    if scale is not None:
+        return check_real(fn, "scale", scale)
+    if q.shape[-1] == 0:
+        raise ValueError(
+            f"{fn}: q has head_dim 0, so the default scale 1/sqrt(head_dim) is "
+            f"undefined (pass scale=): q {tuple(q.shape)}"
+        )
+    return 1.0 / math.sqrt(q.shape[-1])
+
+
+def _check_block_sparse(q, k, v, block_mask, b, is_causal, scale) -> float:
+    """The checks of :func:`block_sparse_attention`; returns the scale."""
     fn = "block_sparse_attention"
     check_qkv(fn, q, k, v)
     check_sizes(fn, block_size=b)
     check_flag(fn, "is_causal", is_causal)
-    if scale is not None:
-        check_real(fn, "scale", scale)
+    scale = _scale(fn, q, scale)
     check_block_mask(fn, block_mask, q.shape[-2], k.shape[-2], b)
+    return scale
 
 
 def block_sparse_attention(
@@ -387,15 +401,23 @@ def block_sparse_attention(
     are padded to a common width with a validity flag and attended with a token mask
     (``_masked_rows``). Cost: ``O(active tiles * b^2 * E)``, i.e. ``O(n (w + g + r)
     E)`` for BigBird.
+
+    Empty shapes give what SDPA gives: an empty batch, no heads, ``L = 0`` or ``Ev =
+    0`` the empty ``(..., L, Ev)`` result, ``S = 0`` zeros (no key to see), ``E = 0``
+    equal scores (with an explicit ``scale``: the default ``1 / sqrt(E)`` is
+    undefined, a ``ValueError``).
     """
-    _check_block_sparse(q, k, v, block_mask, block_size, is_causal, scale)
+    scale = _check_block_sparse(q, k, v, block_mask, block_size, is_causal, scale)
     k, v = grouped_kv(q, k, v)
     L, S, b = q.shape[-2], k.shape[-2], block_size
     n_qb, n_kb = -(-L // b), -(-S // b)
     batch = torch.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if L == 0 or S == 0:  # no tile: no query, or zeros (no key to see)
-        return (q * scale) @ k.transpose(-2, -1) @ v
+    if L == 0 or S == 0 or v.shape[-1] == 0 or 0 in batch:
+        # no tile to compute: an empty result, or zeros (no key to see); q (k^T v) has
+        # the output's shape and never forms an L x S tensor
+        return (q * scale) @ (k.transpose(-2, -1) @ v)
+    if q.shape[-1] == 0:  # no features: every score is 0, as with one zero feature
+        q, k = (torch.nn.functional.pad(t, (0, 1)) for t in (q, k))
     # (N, blocks, b, E) views: N = batch entries times heads
     qb, kb, vb = (
         _pad_seq(t.expand(*batch, *t.shape[-2:]), n * b).reshape(-1, n, b, t.shape[-1])
@@ -698,7 +720,8 @@ def _masked_rows(out, qb, kb, vb, rows, active, q_pos, k_pos, S, shift, scale):
             out[:, r] = masked_softmax(scores, ~blocked) @ v_rows  # no key: zeros
 
 
-def _check_sliding_window_attention(q, k, v, window, is_causal, scale) -> None:
+def _check_sliding_window_attention(q, k, v, window, is_causal, scale) -> float:
+    """The checks of :func:`sliding_window_attention`; returns the scale."""
     fn = "sliding_window_attention"
     check_qkv(fn, q, k, v)
     if q.shape[-2] != k.shape[-2]:
@@ -707,8 +730,7 @@ def _check_sliding_window_attention(q, k, v, window, is_causal, scale) -> None:
             f"{tuple(q.shape)} and k {tuple(k.shape)}"
         )
     _check_window(fn, None, window, is_causal)
-    if scale is not None:
-        check_real(fn, "scale", scale)
+    return _scale(fn, q, scale)
 
 
 def sliding_window_attention(
@@ -737,7 +759,7 @@ def sliding_window_attention(
     causal), so ``2 n s (E + Ev)`` FLOPs for the two matrix products: linear in ``n``
     and in ``window``.
     """
-    _check_sliding_window_attention(q, k, v, window, is_causal, scale)
+    scale = _check_sliding_window_attention(q, k, v, window, is_causal, scale)
     k, v = grouped_kv(q, k, v)
     n = q.shape[-2]
     if n == 0:  # no token: nothing to unfold
@@ -747,7 +769,6 @@ def sliding_window_attention(
     pad = (0, 0, window, right)
     k_win = torch.nn.functional.pad(k, pad).unfold(-2, span, 1)  # (..., n, E, span)
     v_win = torch.nn.functional.pad(v, pad).unfold(-2, span, 1)  # (..., n, Ev, span)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = (q.unsqueeze(-2) * scale) @ k_win  # (..., n, 1, span)
     key_pos = torch.arange(n, device=q.device)[:, None] + torch.arange(
         -window, right + 1, device=q.device

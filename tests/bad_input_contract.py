@@ -112,5 +112,7 @@ ROWS = [
     Bad("grouped_kv", "wrong-shape", lambda: grouped_kv(_Q, _K3, _K3), ("expand_kv_heads", "n_heads")),
     Bad("default_scale", "nan", lambda: default_scale(_NAN, 8), ("default_scale", "scale")),
     Bad("default_scale", "boolean", lambda: default_scale(True, 8), ("default_scale", "scale")),
+    Bad("default_scale", "zero", lambda: default_scale(None, 0), ("default_scale", "head_dim", "scale=")),
+    Edge("default_scale", "zero", lambda: default_scale(0.5, 0), lambda s: s == 0.5),
 ]
 EXEMPT: dict[str, str] = {}

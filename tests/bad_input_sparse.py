@@ -91,6 +91,20 @@ ROWS = [
         ("block_sparse_attention", "is_causal")),
     Edge("block_sparse_attention", "empty", lambda: block_sparse_attention(
         _Q[:, :0], _K[:, :0], _V[:, :0], torch.ones(0, 0, dtype=torch.bool), 4), lambda out: out.shape == (2, 0, 4)),
+    Edge("block_sparse_attention", "empty", lambda: block_sparse_attention(
+        _Q[:0], _K[:0], _V[:0], _BM, 4), lambda out: out.shape == (0, 8, 4)),
+    Edge("block_sparse_attention", "empty", lambda: block_sparse_attention(
+        _Q[:0], _K[:0], _V[:0], _BM, 4, is_causal=True), lambda out: out.shape == (0, 8, 4)),
+    Edge("block_sparse_attention", "zero", lambda: block_sparse_attention(
+        _Q[None, :0], _K[None, :0], _V[None, :0], _BM, 4), lambda out: out.shape == (1, 0, 8, 4)),
+    Edge("block_sparse_attention", "zero", lambda: block_sparse_attention(_Q, _K, _V[..., :0], _BM, 4),
+         lambda out: out.shape == (2, 8, 0)),
+    Bad("block_sparse_attention", "zero", lambda: block_sparse_attention(_Q[..., :0], _K[..., :0], _V, _BM, 4),
+        ("block_sparse_attention", "head_dim 0", "scale=", "(2, 8, 0)")),
+    Bad("sliding_window_attention", "zero", lambda: sliding_window_attention(_Q[..., :0], _K[..., :0], _V, 1),
+        ("sliding_window_attention", "head_dim 0", "scale=", "(2, 8, 0)")),
+    Edge("sliding_window_attention", "empty", lambda: sliding_window_attention(_Q[:0], _K[:0], _V[:0], 1),
+         lambda out: out.shape == (0, 8, 4)),
     Bad("sliding_window_attention", "non-integer", lambda: sliding_window_attention(_Q, _K, _V, 2.5),
         ("sliding_window_attention", "window")),
     Bad("sliding_window_attention", "negative", lambda: sliding_window_attention(_Q, _K, _V, -1),

@@ -15,6 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
+from attnbook.core import causal_mask
 from attnbook.core import scaled_dot_product_attention as dense_attention
 from attnbook.sparse import (
     RelativeLabelBias,
@@ -464,6 +465,70 @@ def test_block_sparse_without_queries_or_keys(L, S, gen):
         assert (q.grad == 0).all()
 
 
+EMPTY_SHAPES = [  # (B, H, Hk, L, S, E, Ev): an empty batch, no heads, no queries, no keys, no widths
+    (0, 2, 2, 8, 8, 4, 3), (0, 4, 2, 9, 7, 4, 3), (2, 0, 0, 8, 8, 4, 3), (2, 0, 1, 8, 8, 4, 3),
+    (2, 2, 2, 0, 8, 4, 3), (2, 2, 2, 8, 0, 4, 3), (0, 2, 2, 0, 0, 4, 3), (2, 2, 2, 8, 5, 4, 0),
+    (2, 3, 3, 9, 6, 0, 3),
+]
+
+
+@pytest.mark.parametrize("B, H, Hk, L, S, E, Ev", EMPTY_SHAPES)
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_block_sparse_on_empty_shapes_equals_sdpa(B, H, Hk, L, S, E, Ev, is_causal, gen):
+    """Regression: batch 0 (or heads 0) died in a reshape, and causal batch 0 divided by zero. Every empty shape
+    gives SDPA's result on the same shapes: the empty (B, H, L, Ev) output, zeros without keys, and with no
+    features (E = 0, an explicit scale) equal scores, i.e. the mean of the visible values."""
+    q, k, v = randn(B, H, L, E, gen=gen), randn(B, Hk, S, E, gen=gen), randn(B, Hk, S, Ev, gen=gen)
+    block_mask = torch.rand(-(-L // 4), -(-S // 4), generator=gen) < 0.7
+    out = block_sparse_attention(q, k, v, block_mask, 4, is_causal=is_causal, scale=0.5)
+    token_mask = expand_block_mask(block_mask, 4)[:L, :S]
+    if is_causal:
+        token_mask = token_mask & causal_mask(L, S)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=token_mask, scale=0.5, enable_gqa=H != Hk)
+    expected = torch.nan_to_num(expected)  # SDPA's NaN rows (no key allowed) are the contract's zeros
+    assert out.shape == expected.shape == (B, H, L, Ev)
+    torch.testing.assert_close(out, expected, **TIGHT)
+
+
+def test_block_sparse_and_sliding_window_refuse_the_default_scale_of_no_features(gen):
+    """E = 0 divided by zero in 1/sqrt(E); as in flash_attention, the default scale is undefined there."""
+    q, v = randn(2, 2, 8, 0, gen=gen), randn(2, 2, 8, 3, gen=gen)
+    with pytest.raises(ValueError, match=r"block_sparse_attention: q has head_dim 0, .* \(pass scale=\): "
+                                         r"q \(2, 2, 8, 0\)"):
+        block_sparse_attention(q, q, v, torch.ones(2, 2, dtype=torch.bool), 4)
+    with pytest.raises(ValueError, match=r"sliding_window_attention: q has head_dim 0"):
+        sliding_window_attention(q, q, v, 1)
+    out = sliding_window_attention(q, q, v, 1, scale=1.0)
+    expected = F.scaled_dot_product_attention(q, q, v, attn_mask=sliding_window_mask(8, 1), scale=1.0)
+    torch.testing.assert_close(out, expected, **TIGHT)
+
+
+@pytest.mark.parametrize("shape", [(0, 2, 6, 4), (2, 0, 6, 4)])
+def test_sliding_window_attention_on_an_empty_batch_or_no_heads_equals_sdpa(shape, gen):
+    q = randn(*shape, gen=gen)
+    out = sliding_window_attention(q, q, q[..., :3], 2)
+    expected = F.scaled_dot_product_attention(q, q, q[..., :3], attn_mask=sliding_window_mask(6, 2))
+    assert out.shape == expected.shape == (*shape[:-1], 3)
+
+
+@pytest.mark.parametrize("L, S, block", [(64, 64, 8), (37, 50, 8), (50, 37, 4)])
+def test_causal_tiles_above_the_diagonal_cost_nothing(L, S, block, gen):
+    """The docstring's "tiles entirely above that diagonal are dropped before any work": with is_causal a full
+    block mask costs exactly the FLOPs of the mask that keeps only the tiles the diagonal reaches, and gives the
+    same output."""
+    q, k, v = randn(1, 2, L, 4, gen=gen), randn(1, 2, S, 4, gen=gen), randn(1, 2, S, 3, gen=gen)
+    n_qb, n_kb = -(-L // block), -(-S // block)
+    i, j = torch.arange(n_qb)[:, None], torch.arange(n_kb)[None, :]
+    reached = j * block <= i * block + block - 1 + S - L  # a tile's first key is visible to its last query
+    runs = []
+    for mask in (torch.ones(n_qb, n_kb, dtype=torch.bool), reached):
+        with FlopCounterMode(display=False) as counter:
+            out = block_sparse_attention(q, k, v, mask, block, is_causal=True)
+        runs.append((counter.get_total_flops(), out))
+    assert runs[0][0] == runs[1][0]
+    assert torch.equal(runs[0][1], runs[1][1])
+
+
 def test_sliding_window_attention_memory_is_linear(gen):
     n, window = 4096, 8
     q, k, v = (torch.randn(1, n, 16, generator=gen) for _ in range(3))
@@ -479,6 +544,17 @@ def test_sliding_window_attention_flops_are_linear_in_n_and_w(n, window, gen):
     with FlopCounterMode(display=False) as counter:
         sliding_window_attention(q, k, v, window)
     assert counter.get_total_flops() == 2 * 2 * n * (2 * window + 1) * d
+
+
+@pytest.mark.parametrize("n, window, causal, E, Ev", [(64, 3, True, 8, 8), (64, 3, False, 8, 5), (96, 5, True, 4, 12)])
+def test_sliding_window_attention_flops_follow_the_docstring(n, window, causal, E, Ev, gen):
+    """2 n s (E + Ev) FLOPs with s = 2 window + 1 keys per query, window + 1 if causal, for key and value widths
+    that differ."""
+    q, k, v = torch.randn(1, n, E, generator=gen), torch.randn(1, n, E, generator=gen), torch.randn(1, n, Ev, generator=gen)
+    s = window + 1 if causal else 2 * window + 1
+    with FlopCounterMode(display=False) as counter:
+        sliding_window_attention(q, k, v, window, is_causal=causal)
+    assert counter.get_total_flops() == 2 * n * s * (E + Ev)
 
 
 def test_sliding_window_attention_errors(gen):
@@ -506,6 +582,18 @@ def test_lsh_close_vectors_collide_more_often(gen):
     near, far = x + 0.1 * randn(2000, 16, gen=gen), randn(2000, 16, gen=gen)
     rate = lambda y: (lsh_buckets(torch.stack([x, y]), 8, torch.Generator().manual_seed(3)).diff(dim=0) == 0).float().mean()  # noqa: E731
     assert rate(near) > 0.8 and rate(far) < 0.3
+
+
+def test_lsh_mask_is_equality_of_the_buckets(gen):
+    """lsh_mask's definition, mask[..., i, j] = bucket(x_i) == bucket(x_j), with the buckets of lsh_buckets drawn
+    from the same generator state, for a batch of sequences."""
+    x = randn(2, 3, 20, 8, gen=gen)
+    buckets = lsh_buckets(x, 6, torch.Generator().manual_seed(4))
+    mask = lsh_mask(x, 6, torch.Generator().manual_seed(4))
+    assert mask.shape == (2, 3, 20, 20)
+    for index in itertools.product(range(2), range(3), range(20), range(20)):
+        b, h, i, j = index
+        assert mask[index].item() == (buckets[b, h, i] == buckets[b, h, j]).item()
 
 
 def _bfs_distances(mask: torch.Tensor) -> list[list[int]]:
