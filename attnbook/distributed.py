@@ -172,13 +172,33 @@ def shard(
 
 
 def _check_shard_list(shards, dim) -> None:
+    """A non-empty list of tensors of one shape, dtype and device, ``dim`` one of
+    their dimensions."""
+    fn = "unshard"
     if not isinstance(shards, (list, tuple)) or not shards:
         raise ValueError(
-            "unshard: shards must be a non-empty list of equal-length shards, got "
+            f"{fn}: shards must be a non-empty list of equal-length shards, got "
             f"{shards!r}"
         )
     for r, s in enumerate(shards):
-        _check_dim("unshard", f"shards[{r}]", s, dim)
+        _check_dim(fn, f"shards[{r}]", s, dim)
+    lengths = [s.shape[dim] for s in shards]
+    if len(set(lengths)) != 1:
+        raise ValueError(
+            f"{fn}: shards must be a non-empty list of equal-length shards, got "
+            f"lengths {lengths} along dim {dim}"
+        )
+    shapes = [tuple(s.shape) for s in shards]
+    if len(set(shapes)) != 1:
+        raise ValueError(
+            f"{fn}: the shards must have one shape (every rank's shard of one tensor), "
+            f"got shapes {shapes}"
+        )
+    dtypes, devices = [s.dtype for s in shards], [s.device for s in shards]
+    if len(set(dtypes)) != 1:
+        raise TypeError(f"{fn}: the shards must share one dtype, got {dtypes}")
+    if len(set(devices)) != 1:
+        raise ValueError(f"{fn}: the shards must be on one device, got {devices}")
 
 
 def unshard(
@@ -188,17 +208,12 @@ def unshard(
     inverse of :func:`shard`, ``unshard([shard(x, r, W) for r in range(W)]) == x``.
 
     The shards are concatenated and their positions put back in order with the inverse
-    of the permutation ``cat(shard_positions(r) for r)``.
+    of the permutation ``cat(shard_positions(r) for r)``. They must have one shape,
+    dtype and device (``ValueError``, ``TypeError`` otherwise).
     """
     _check_shard_list(shards, dim)
-    lengths = {s.shape[dim] for s in shards}
-    if len(lengths) != 1:
-        raise ValueError(
-            "unshard: shards must be a non-empty list of equal-length shards, got "
-            f"lengths {[s.shape[dim] for s in shards]} along dim {dim}"
-        )
     world = len(shards)
-    seq_len = world * lengths.pop()
+    seq_len = world * shards[0].shape[dim]
     order = torch.cat(
         [shard_positions(r, world, seq_len, layout=layout) for r in range(world)]
     )
@@ -639,6 +654,16 @@ def _check_optional_sizes(fn: str, **sizes) -> None:
     check_sizes(fn, **{name: v for name, v in sizes.items() if v is not None})
 
 
+def _check_groups(fn: str, heads: int, kv_heads: int) -> None:
+    """``kv_heads`` divides ``heads``: grouped-query attention shares each key/value
+    head among ``heads / kv_heads`` query heads."""
+    if heads % kv_heads:
+        raise ValueError(
+            f"{fn}: kv_heads={kv_heads} must divide heads={heads}: grouped-query "
+            "attention shares each key/value head among heads / kv_heads query heads"
+        )
+
+
 def ring_bytes_per_rank(
     batch: int,
     heads: int,
@@ -658,13 +683,15 @@ def ring_bytes_per_rank(
     hops, ``(W - 1) b * bytes_per_elem``. Backward: the same again, plus the ``dK, dV``
     accumulators making ``W`` hops (the last one home) in float32, or float64 for 8-byte
     inputs: ``W b * max(bytes_per_elem, 4)`` (nothing when ``W = 1``). About ``2 L D``
-    per key/value head however many ranks share the sequence.
+    per key/value head however many ranks share the sequence. ``kv_heads`` must divide
+    ``heads`` (``ValueError`` otherwise).
     """
     n = _local_length("ring_bytes_per_rank", seq_len, world)
     _check_bytes_sizes("ring_bytes_per_rank", batch, heads, head_dim, bytes_per_elem)
     _check_optional_sizes("ring_bytes_per_rank", kv_heads=kv_heads, value_dim=value_dim)
     kv_heads = heads if kv_heads is None else kv_heads
     value_dim = head_dim if value_dim is None else value_dim
+    _check_groups("ring_bytes_per_rank", heads, kv_heads)
     block = batch * kv_heads * n * (head_dim + value_dim)
     forward = (world - 1) * block * bytes_per_elem
     grads = world * block * max(bytes_per_elem, 4) if world > 1 else 0
@@ -694,7 +721,8 @@ def ulysses_bytes_per_rank(
         value_dim)``
 
     elements of ``bytes_per_elem``. The backward pass sends ``dO`` one way and ``dQ,
-    dK, dV`` the other: the same.
+    dK, dV`` the other: the same. ``kv_heads`` must divide ``heads`` (``ValueError``
+    otherwise).
     """
     fn = "ulysses_bytes_per_rank"
     n = _local_length(fn, seq_len, world)
@@ -702,6 +730,7 @@ def ulysses_bytes_per_rank(
     _check_optional_sizes(fn, kv_heads=kv_heads, value_dim=value_dim)
     kv_heads = heads if kv_heads is None else kv_heads
     value_dim = head_dim if value_dim is None else value_dim
+    _check_groups(fn, heads, kv_heads)
     shards = batch * n * (heads + kv_heads) * (head_dim + value_dim)
     sent = shards * (world - 1) // world * bytes_per_elem
     return {"forward": sent, "backward": sent}
@@ -1008,7 +1037,8 @@ def context_memory_bytes(
       (seq_len / world) x seq_len`` score matrix
       (:func:`~attnbook.complexity.attention_memory_bytes`), not in ``"total"``.
 
-    Ulysses needs ``n_kv_heads`` divisible by ``world`` (``ValueError`` otherwise).
+    ``n_kv_heads`` must divide ``n_heads``, and Ulysses needs ``n_kv_heads`` (so
+    ``n_heads`` too) divisible by ``world`` (``ValueError`` otherwise).
     Left out: the logits (a server computes them for the last token only), the
     allocator's fragmentation, and the CUDA context (about 0.5 GB).
     """
@@ -1022,6 +1052,11 @@ def context_memory_bytes(
     _check_model_sizes(
         n_params, n_layers, d_model, d_ff, n_heads, n_kv_heads, head_dim, bytes_per_elem
     )
+    if n_heads % n_kv_heads:
+        raise ValueError(
+            f"{fn}: n_kv_heads={n_kv_heads} must divide n_heads={n_heads} "
+            "(grouped-query attention)"
+        )
     if method == "ulysses" and n_kv_heads % world:
         raise ValueError(
             f"{fn}: Ulysses splits the heads over the GPUs, and n_kv_heads="
