@@ -134,7 +134,8 @@ def _mla_parameters(config: TransformerConfig) -> int:
     """:class:`attnbook.models.LatentAttention` (no biases; ``h d_h = d``)."""
     d, h = config.d_model, config.n_heads
     _, d_c, d_R, q_in, d_q = _mla_widths(config)
-    kv = d * d_c + d_c + 2 * d_c * d + d * d_R  # W^DKV and its RMSNorm, W^UK, W^UV, W^KR
+    # W^DKV and its RMSNorm, W^UK, W^UV, W^KR
+    kv = d * d_c + d_c + 2 * d_c * d + d * d_R
     q = (d * d_q + d_q if d_q else 0) + q_in * d + q_in * h * d_R  # W^DQ, W^UQ, W^QR
     return kv + q + d * d  # W^O
 
@@ -507,9 +508,11 @@ def sample_text(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> str:
-    """``prompt`` followed by ``n_chars`` characters the model writes
+    """``prompt`` followed by the ``n_chars`` tokens the model writes
     (:meth:`attnbook.models.TinyGPT.generate` with a KV cache; ``temperature=0`` is
-    greedy)."""
+    greedy), each as its character: ``n_chars`` characters, unless the model picks a
+    special id (which a model trained on text all but never does), written as its name
+    such as ``<s>``."""
     _check_sample(model, vocab, prompt, n_chars, temperature, top_k)
     was_training = model.training
     model.eval()
@@ -631,10 +634,11 @@ def pattern_scores(
 
     ``weights``: ``(n_layers, n_heads, T, T)`` causal self-attention weights of one
     text (``TinyGPT(..., return_weights=True)`` at batch index 0); ``patterns``: from
-    :func:`text_patterns` on the same ``T`` characters. Returns ``{name: (scores,
-    chance)}``: ``scores`` ``(n_layers, n_heads)`` is the mean weight on ``k(t)`` over
-    the pattern's queries, ``chance`` what a head that spreads its weight uniformly
-    over the visible keys would score, the mean of ``1 / (t + 1)``."""
+    :func:`text_patterns` on the same ``T`` characters (or a longer text: queries
+    past ``T`` are ignored). Returns ``{name: (scores, chance)}``: ``scores``
+    ``(n_layers, n_heads)`` is the mean weight on ``k(t)`` over the pattern's queries,
+    ``chance`` what a head that spreads its weight uniformly over the visible keys
+    would score, the mean of ``1 / (t + 1)``; a pattern with no query is left out."""
     _check_pattern_scores(weights, patterns)
     T = weights.shape[-1]
     out = {}

@@ -1,16 +1,20 @@
 """The chapter on the Transformer block: counts against the modules' own parameters and
 PyTorch's FLOP counter, the training recipe, bits per character against a direct count,
 the head patterns against hand-made texts and, on any text, their definitions, the
-encoder-decoder's greedy decoding against
-its forward pass."""
+encoder-decoder's greedy decoding against its forward pass; the docstrings' other
+claims as properties at the end (the counts over every config option live in
+tests/test_transformer_counts.py)."""
 
+import contextlib
+import functools
 import math
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
-import torch
 from torch.nn import functional as F
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.flop_counter import FlopCounterMode
 
 from attnbook import data, models, transformer
@@ -412,7 +416,8 @@ def _patterns_by_definition(text: str) -> dict[str, dict[int, int]]:
                     depth -= 1
         if ch != '"' and text[:t].count('"') % 2 == 1:
             out["open quote"][t] = text.rindex('"', 0, t)
-        ends = [j for j in range(1, t - 1) if text[j - 1 : j + 1] == text[t - 1 : t + 1]]
+        pair = text[t - 1 : t + 1]
+        ends = [j for j in range(1, t - 1) if text[j - 1 : j + 1] == pair]
         if t >= 1 and ends:
             out["induction"][t] = ends[-1] + 1
     return out
@@ -421,7 +426,7 @@ def _patterns_by_definition(text: str) -> dict[str, dict[int, int]]:
 #: Texts of letters, runs of one letter, spaces, brackets of each kind (matched or
 #: not) and quotes: every case the definitions distinguish.
 TEXTS = st.lists(
-    st.sampled_from(["a", "b", "aaa", "ab", " ", "(", ")", "[", "]", "{", "}", '"', "."]),
+    st.sampled_from(["a", "b", "aaa", "ab", " ", *"()[]{}", '"', "."]),
     max_size=24,
 ).map("".join)
 
@@ -445,3 +450,233 @@ def test_induction_points_past_the_latest_earlier_pair_in_a_run():
     assert dict(zip(q.tolist(), k.tolist())) == {3: 2}
     q, k = transformer.text_patterns("ab aaa")["induction"]
     assert dict(zip(q.tolist(), k.tolist())) == {}
+
+
+@settings(max_examples=30, deadline=None)
+@given(text=TEXTS, T=st.integers(1, 12), seed=st.integers(0, 2**16))
+def test_pattern_scores_are_mean_weights_and_a_uniform_head_scores_chance(
+    text, T, seed
+):
+    """``pattern_scores``' docstring: ``scores`` is the mean weight on ``k(t)`` over
+    the pattern's queries (those among the ``T`` positions), ``chance`` the mean of
+    ``1 / (t + 1)``, the score of a head spreading its weight over the visible keys."""
+    patterns = transformer.text_patterns(text)
+    weights = torch.rand(2, 3, T, T, generator=torch.Generator().manual_seed(seed))
+    scores = transformer.pattern_scores(weights, patterns)
+    for name, (queries, keys) in patterns.items():
+        pairs = [(q, k) for q, k in zip(queries.tolist(), keys.tolist()) if q < T]
+        if not pairs:
+            assert name not in scores
+            continue
+        table, chance = scores[name]
+        assert table.shape == (2, 3)
+        for layer in range(2):
+            for head in range(3):
+                mean = sum(weights[layer, head, q, k].item() for q, k in pairs) / len(
+                    pairs
+                )
+                assert table[layer, head].item() == pytest.approx(mean, rel=1e-5)
+        assert chance == pytest.approx(sum(1 / (q + 1) for q, _ in pairs) / len(pairs))
+    visible = torch.tril(torch.ones(T, T))
+    uniform = (visible / visible.sum(-1, keepdim=True))[None, None]
+    for table, chance in transformer.pattern_scores(uniform, patterns).values():
+        assert table.item() == pytest.approx(chance, rel=1e-5)
+
+
+def _small_gpt(vocab_size: int) -> models.TinyGPT:
+    """A one-layer TinyGPT of width 16, the same weights on every call."""
+    torch.manual_seed(0)
+    return models.TinyGPT(
+        TransformerConfig(vocab_size=vocab_size, d_model=16, n_heads=2, n_layers=1)
+    )
+
+
+_tiny_gpt = functools.lru_cache(maxsize=None)(_small_gpt)  # shared: never trained
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    prompt=st.text(alphabet="abc ", min_size=1, max_size=5),
+    n_chars=st.integers(0, 6),
+    temperature=st.sampled_from([0.0, 0.8, 2.0]),
+    top_k=st.none() | st.integers(1, 4),
+)
+def test_sample_text_is_the_prompt_then_the_n_chars_tokens_the_model_writes(
+    prompt, n_chars, temperature, top_k
+):
+    """``sample_text``' docstring: ``generate`` with a KV cache, each of the
+    ``n_chars`` tokens written as its character (a special id as its name)."""
+    vocab = data.Vocab("abc ")
+    model = _tiny_gpt(len(vocab))
+    options = dict(temperature=temperature, top_k=top_k)
+    seeded = torch.Generator().manual_seed(0)
+    text = transformer.sample_text(
+        model, vocab, prompt, n_chars, generator=seeded, **options
+    )
+    assert model.training
+    model.eval()
+    try:
+        ids = model.generate(
+            torch.tensor([vocab.encode(prompt)]), n_chars,
+            generator=torch.Generator().manual_seed(0), **options,
+        )[0]  # fmt: skip
+    finally:
+        model.train()
+    assert len(ids) == len(prompt) + n_chars
+    assert text == "".join(vocab.itos[i] for i in ids.tolist())
+    assert text.startswith(prompt)
+
+
+@settings(max_examples=20, deadline=None)
+@given(
+    n=st.integers(2, 40), block_size=st.integers(1, 9), batch_size=st.integers(1, 4)
+)
+def test_bits_per_char_counts_every_character_after_the_first_once(
+    n, block_size, batch_size
+):
+    """Windows of ``block_size + 1`` overlapping by one, the last one shorter: every
+    character from the second on is predicted once, from its window's earlier ones."""
+    model = _tiny_gpt(7)
+    ids = torch.randint(0, 7, (n,), generator=torch.Generator().manual_seed(n))
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for start in range(0, n - 1, block_size):
+            window = ids[start : start + block_size + 1]
+            logits = model(window[None, :-1])[0]
+            total += F.cross_entropy(logits, window[1:], reduction="sum").item()
+            count += len(window) - 1
+    assert count == n - 1
+    got = transformer.bits_per_char(model, ids, block_size, batch_size=batch_size)
+    assert got == pytest.approx(total / count / math.log(2), rel=1e-5)
+
+
+class _CopiesFrom(torch.nn.Module):
+    """Predicts ``tokens`` perfectly at logit positions ``start ..`` and knows nothing
+    before: its loss is ``ln V`` on the targets ``1 .. start`` and 0 after."""
+
+    def __init__(self, tokens, start, vocab):
+        super().__init__()
+        self.tokens, self.start, self.vocab = tokens, start, vocab
+
+    def forward(self, idx, head_mask=None):
+        logits = torch.zeros(*idx.shape, self.vocab)
+        later = self.tokens[:, self.start + 1 :]
+        logits[:, self.start :].scatter_(-1, later[..., None], 100.0)
+        return logits
+
+
+def test_repeat_losses_split_the_targets_at_period():
+    """``repeat_losses``' docstring: targets ``1 .. period - 1`` are the first half,
+    ``period .. 2 period - 1`` the second, so a model that predicts exactly the second
+    half scores ``ln V`` and 0, and one that starts a target early or late does not."""
+    period, vocab = 6, 9
+    seeded = torch.Generator().manual_seed(0)
+    tokens = data.repeated_tokens(4, period, vocab, generator=seeded)
+
+    def losses(start):
+        model = _CopiesFrom(tokens, start, vocab)
+        return transformer.repeat_losses(model, tokens, period)
+
+    first, second = losses(period - 1)
+    assert first == pytest.approx(math.log(vocab))
+    assert second == pytest.approx(0, abs=1e-9)
+    (early, _), (_, late) = losses(period - 2), losses(period)
+    assert early < math.log(vocab) - 0.1 and late > 0.1
+
+
+@contextlib.contextmanager
+def _optimizer_steps():
+    """Every optimizer step's learning rates, weight decays, betas and gradient norm
+    (after clipping), read by a global step pre-hook."""
+    steps = []
+
+    def record(optimizer, args, kwargs):
+        grads = [p.grad for g in optimizer.param_groups for p in g["params"]]
+        norm = torch.linalg.vector_norm(
+            torch.stack([g.norm() for g in grads if g is not None])
+        )
+        steps.append(
+            dict(
+                lr=[g["lr"] for g in optimizer.param_groups],
+                weight_decay=[g["weight_decay"] for g in optimizer.param_groups],
+                betas=[tuple(g["betas"]) for g in optimizer.param_groups],
+                norm=norm.item(),
+            )
+        )
+
+    handle = register_optimizer_step_pre_hook(record)
+    try:
+        yield steps
+    finally:
+        handle.remove()
+
+
+def _cosine(t, warmup, total, lr, min_lr):
+    """The schedule ``train_language_model`` describes, written out."""
+    if t < warmup:
+        return lr * (t + 1) / warmup
+    progress = (t - warmup) / (total - warmup)
+    return min_lr + (lr - min_lr) * (1 + math.cos(math.pi * progress)) / 2
+
+
+@pytest.mark.parametrize("warmup, grad_clip", [(3, 0.05), (0, None)])
+def test_train_language_model_runs_the_recipe_its_docstring_names(warmup, grad_clip):
+    """AdamW with betas (0.9, 0.95) and decay on the matrices only; ``warmup`` linear
+    steps to ``lr`` (``warmup=0`` starts at ``lr``), then a cosine decay towards
+    ``min_lr = lr / 10``; the gradient clipped to ``grad_clip``; batches from
+    ``generator`` (the same seed, the same run)."""
+    ids = torch.randint(0, 8, (300,), generator=torch.Generator().manual_seed(0))
+    lr, steps = 0.01, 8
+    runs = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        model = _small_gpt(8)
+        with _optimizer_steps() as recorded:
+            history = transformer.train_language_model(
+                model, ids, steps=steps, block_size=8, batch_size=4, lr=lr,
+                warmup=warmup, weight_decay=0.2, grad_clip=grad_clip,
+                generator=torch.Generator().manual_seed(1), progress=False,
+            )  # fmt: skip
+        runs.append(history.losses)
+    assert runs[0] == runs[1] and len(recorded) == steps
+    for t, step in enumerate(recorded):
+        expected = _cosine(t, warmup, steps, lr, lr / 10)
+        assert step["lr"] == pytest.approx([expected, expected])
+        assert step["weight_decay"] == [0.2, 0.0] and step["betas"] == [(0.9, 0.95)] * 2
+        before = history.grad_norms[t]
+        after = before if grad_clip is None else min(before, grad_clip)
+        assert step["norm"] == pytest.approx(after, rel=1e-4)
+    if grad_clip is not None:
+        assert max(history.grad_norms) > grad_clip  # the clipping was exercised
+    else:
+        assert recorded[0]["lr"] == pytest.approx([lr, lr])
+
+
+def test_train_on_repeats_draws_a_period_per_batch_at_a_constant_lr(monkeypatch):
+    """``train_on_repeats``' docstring: a period drawn for every batch from ``periods``,
+    AdamW at a constant ``lr``, and every ``eval_every`` steps the losses of
+    :func:`repeat_losses` on ``eval_tokens`` (the last ones those of the final
+    model)."""
+    seeded = torch.Generator().manual_seed(1)
+    held_out = data.repeated_tokens(4, 5, 12, generator=seeded)
+    drawn = []
+
+    def recording(batch_size, period, vocab, generator=None):
+        drawn.append(period)
+        return data.repeated_tokens(batch_size, period, vocab, generator=generator)
+
+    monkeypatch.setattr(transformer, "repeated_tokens", recording)
+    torch.manual_seed(0)
+    model = _small_gpt(12)
+    with _optimizer_steps() as recorded:
+        curves = transformer.train_on_repeats(
+            model, steps=12, batch_size=2, periods=(2, 4), lr=3e-3, eval_every=4,
+            eval_tokens=held_out, generator=torch.Generator().manual_seed(0),
+            progress=False,
+        )  # fmt: skip
+    assert len(drawn) == len(recorded) == 12 and set(drawn) == {2, 3, 4}
+    assert all(step["lr"] == [3e-3] for step in recorded)
+    assert curves["step"] == [4, 8, 12]
+    first, second = transformer.repeat_losses(model, held_out, 5)
+    assert curves["first_half"][-1] == pytest.approx(first, rel=1e-5)
+    assert curves["repeated_half"][-1] == pytest.approx(second, rel=1e-5)
