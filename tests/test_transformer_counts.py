@@ -38,7 +38,7 @@ def _allowed(name: str) -> tuple[str, ...]:
     with pytest.raises(ValueError) as error:
         TransformerConfig(**{name: "not one of them"})
     found = re.search(rf"{name} must be one of (\(.*?\)), got", str(error.value))
-    assert found, f"TransformerConfig's error for {name} lists no choices: {error.value}"
+    assert found, f"TransformerConfig's error on {name} lists no choices: {error.value}"
     return ast.literal_eval(found.group(1))
 
 
