@@ -907,7 +907,9 @@ class TinyGPT(_Transformer):
 
         ``temperature == 0``: greedy (argmax). Otherwise sample from ``softmax(logits /
         temperature)``, restricted to the ``top_k`` largest logits when given, with
-        ``generator``.
+        ``generator``; computed in float32 at least (as
+        :func:`attnbook.serving.sampling_probs`), so a half-precision model samples
+        right down to the lowest temperature.
 
         ``use_cache=False`` recomputes the whole prefix at every step (``O(t^2)``
         attention work per sequence of ``t`` tokens); ``use_cache=True`` runs the prompt
@@ -1218,10 +1220,12 @@ def _next_token(
     (top-k) sample."""
     if temperature == 0:
         return logits.argmax(-1, keepdim=True)
-    logits = logits / temperature
     if top_k is not None:
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
+    # float32 at least, less the maximum: float16 logits / 1e-4 overflow to inf (NaN)
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
 
 

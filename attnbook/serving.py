@@ -543,24 +543,42 @@ def _check_sampling(fn: str, temperature, top_k, logits=None) -> None:
                 f"{fn}: logits must have shape (..., vocab) with vocab >= 1, got "
                 f"{tuple(logits.shape)}"
             )
+        if logits.numel() and not bool((logits < math.inf).all()):
+            raise ValueError(
+                f"{fn}: logits must not hold NaN or +inf (-inf marks a token that "
+                "cannot be drawn)"
+            )
+        if logits.numel() and bool((logits == -math.inf).all(-1).any()):
+            raise ValueError(
+                f"{fn}: logits must have a finite entry in every row, a row of shape "
+                f"{tuple(logits.shape)} is all -inf"
+            )
 
 
 def sampling_probs(
     logits: torch.Tensor, temperature: float, top_k: int | None = None
 ) -> torch.Tensor:
     """The distribution a decoder samples from, ``(..., vocab)`` logits -> ``(...,
-    vocab)`` probabilities: ``softmax(logits / temperature)`` over the ``top_k``
-    largest logits (all when ``None``); ``temperature == 0`` is greedy decoding, a
-    one-hot at the argmax."""
+    vocab)`` probabilities in the logits' dtype: ``softmax(logits / temperature)``
+    over the ``top_k`` largest logits (all when ``None``); ``temperature == 0`` is
+    greedy decoding, a one-hot at the argmax.
+
+    It computes in float32 at least, on ``(logits - max) / temperature``: float16
+    logits divided by a low temperature in float16 overflow (``65504 / 1e-4``), and
+    ``inf - inf`` in the softmax is NaN. So every temperature down to the smallest
+    is exact up to the float32 rounding, then rounded once to the logits' dtype.
+    ``-inf`` marks a token that cannot be drawn; NaN, ``+inf`` and a row without a
+    finite logit raise ``ValueError``."""
     _check_sampling("sampling_probs", temperature, top_k, logits)
     if temperature == 0:
         index = logits.argmax(-1, keepdim=True)
         return torch.zeros_like(logits).scatter_(-1, index, 1.0)
-    logits = logits / temperature
-    if top_k is not None:
+    scaled = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    if top_k is not None:  # ranked as given: rounding cannot make or break a tie
         kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values
-        logits = logits.masked_fill(logits < kth[..., -1:], float("-inf"))
-    return torch.softmax(logits, dim=-1)
+        scaled = scaled.masked_fill(logits < kth[..., -1:], float("-inf"))
+    scaled = (scaled - scaled.amax(-1, keepdim=True)) / temperature
+    return torch.softmax(scaled, dim=-1).to(logits.dtype)
 
 
 def _check_distributions(fn: str, **tensors) -> None:

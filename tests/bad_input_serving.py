@@ -8,6 +8,7 @@ from attnbook.kvcache import KVCache, SlidingWindowKVCache
 from attnbook.models import TinyGPT, TransformerConfig
 
 NAN = float("nan")
+INF = float("inf")
 _X = torch.randn(2, 3, 8)
 _LOGITS = torch.randn(2, 5)
 _P, _Q = torch.full((2, 3, 5), 0.2), torch.full((2, 2, 5), 0.2)
@@ -133,6 +134,15 @@ ROWS = [
     Bad("sampling_probs", "integer-dtype", lambda: S.sampling_probs(_LOGITS.long(), 1.0), ("sampling_probs", "logits")),
     Bad("sampling_probs", "empty", lambda: S.sampling_probs(_LOGITS[:, :0], 0.0), ("sampling_probs", "logits")),
     Edge("sampling_probs", "empty", lambda: S.sampling_probs(_LOGITS[:0], 1.0), lambda p: p.shape == (0, 5)),
+    Bad("sampling_probs", "nan", lambda: S.sampling_probs(_LOGITS.index_fill(1, torch.tensor([2]), NAN), 1.0),
+        ("sampling_probs", "logits", "NaN")),
+    Bad("sampling_probs", "out-of-range", lambda: S.sampling_probs(_LOGITS.index_fill(1, torch.tensor([2]), INF), 0.0),
+        ("sampling_probs", "logits", "+inf")),
+    Bad("sampling_probs", "out-of-range", lambda: S.sampling_probs(torch.full((2, 3), -INF), 1.0),
+        ("sampling_probs", "logits", "all -inf")),
+    Edge("sampling_probs", "out-of-range",
+         lambda: S.sampling_probs(torch.tensor([[100.0, 99.0, -INF]], dtype=torch.float16), 1e-4),
+         lambda p: p.tolist() == [[1.0, 0.0, 0.0]]),
     Bad("acceptance_probability", "wrong-shape", lambda: S.acceptance_probability(_P, _Q),
         ("acceptance_probability", "p", "q")),
     Bad("acceptance_probability", "integer-dtype", lambda: S.acceptance_probability(_P.long(), _P),

