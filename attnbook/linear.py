@@ -439,9 +439,9 @@ class LinformerAttention(nn.Module):
 def elu_feature_map(x: torch.Tensor) -> torch.Tensor:
     """``phi(x) = elu(x) + 1``, elementwise: positive everywhere, so ``phi(q) . phi(k) >
     0`` like ``exp``. Computed as ``x + 1`` for ``x > 0`` and ``exp(x)`` below, the
-    same function: ``F.elu(x) + 1`` rounds to exactly 0 once ``exp(x)`` is below half a
-    unit of 1 (``x < -16.6`` in float32, ``-5.5`` in bfloat16), and a key's weight
-    would vanish."""
+    same function: ``F.elu(x) + 1`` rounds to exactly 0 once ``exp(x)`` is lost beside
+    the ``-1`` of ``elu`` (from about ``x = -16.6`` in float32 and ``-6.2`` in
+    bfloat16), and a key's weight would vanish."""
     check_float("elu_feature_map", "x", x)
     return torch.where(x > 0, x + 1.0, torch.exp(x.clamp(max=0.0)))
 

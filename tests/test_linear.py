@@ -133,6 +133,18 @@ def test_linformer_rejects_projection_of_the_wrong_length(gen):
         linformer_attention(q, q, q, _randn(gen, 4, 10), _randn(gen, 4, 12))
 
 
+def test_linformer_projections_start_as_random_johnson_lindenstrauss_maps():
+    """E and F are initialised N(0, 1 / proj_len), as the docstring says: mean 0 and variance 1 / k over 32,768
+    entries each (the sample variance's relative error is about 1 %), and independent of each other."""
+    torch.manual_seed(0)
+    layer = LinformerAttention(d_model=8, n_heads=2, seq_len=512, proj_len=64)
+    for P in (layer.E, layer.F):
+        P = P.detach().double()
+        assert abs(P.mean().item()) < 4 * math.sqrt(1 / 64 / P.numel())
+        assert abs(P.var().item() * 64 - 1) < 0.05
+    assert not torch.equal(layer.E, layer.F)
+
+
 def test_linformer_module(gen):
     torch.manual_seed(0)
     layer = LinformerAttention(d_model=16, n_heads=4, seq_len=20, proj_len=5).double()
@@ -150,6 +162,17 @@ def test_elu_feature_map_is_positive_and_elu_plus_one():
     x = torch.linspace(-20, 5, 101, dtype=torch.float64)
     assert (elu_feature_map(x) > 0).all()
     torch.testing.assert_close(elu_feature_map(x), torch.where(x > 0, x + 1, torch.exp(x)))
+
+
+@pytest.mark.parametrize("dtype, x", [(torch.float32, -18.0), (torch.float32, -80.0), (torch.bfloat16, -7.0)])
+def test_elu_feature_map_stays_positive_where_elu_plus_one_rounds_to_zero(dtype, x):
+    """The docstring's reason for exp below 0: F.elu(x) + 1 rounds to exactly 0 from about -16.6 in float32 and
+    -6.2 in bfloat16 (the first zeros of a fine sweep on the CPU; points safely below them here), and a key's
+    weight would vanish; elu_feature_map keeps exp(x) > 0 in the input's dtype."""
+    t = torch.tensor([x], dtype=dtype)
+    assert (F.elu(t) + 1).item() == 0.0
+    assert elu_feature_map(t).dtype == dtype and elu_feature_map(t).item() > 0
+    assert elu_feature_map(t).item() == torch.exp(t).item()
 
 
 @given(L=st.integers(1, 9), S=st.integers(1, 9), E=st.integers(1, 6), causal=st.booleans(), seed=st.integers(0, 2**16))
@@ -186,6 +209,29 @@ def test_recurrent_form_continues_from_a_state(gen):
     torch.testing.assert_close(torch.cat([first, second], -2), linear_attention(q, k, v, is_causal=True))
     step, _ = linear_attention_step(q[..., 6, :], k[..., 6, :], v[..., 6, :], state)
     torch.testing.assert_close(step, second[..., 0, :])
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_linear_attention_never_forms_an_L_by_S_matrix(causal, gen):
+    """Associativity, as the docstring says: non-causal, nothing larger than the inputs' features and the output
+    (O(M Ev) beyond them); causal, the prefix sums (S, M, Ev) at most, far below L x S."""
+    from attnbook.utils import largest_new_tensor
+
+    L = S = 1024
+    E, Ev = 8, 4  # M = E features with elu + 1
+    q, k, v = torch.randn(1, L, E, generator=gen), torch.randn(1, S, E, generator=gen), torch.randn(1, S, Ev, generator=gen)
+    largest = largest_new_tensor(linear_attention, q, k, v, is_causal=causal)
+    bound = (S + 1) * E * Ev if causal else max(L, S) * max(E, Ev)
+    assert largest <= bound < L * S // 16, f"largest intermediate has {largest} elements, bound {bound}"
+
+
+def test_linear_attention_step_state_has_a_fixed_size(gen):
+    """Unlike a KV cache, the state never grows: after any number of tokens it is (S (..., M, Ev), z (..., M))."""
+    q, k, v = _randn(gen, 2, 30, 4), _randn(gen, 2, 30, 4), _randn(gen, 2, 30, 3)
+    state = None
+    for t in range(30):
+        _, state = linear_attention_step(q[:, t], k[:, t], v[:, t], state)
+        assert state[0].shape == (2, 4, 3) and state[1].shape == (2, 4)
 
 
 def test_linear_attention_with_a_custom_feature_map(gen):
@@ -307,6 +353,16 @@ def test_orthogonal_random_features_use_the_generator():
     a = orthogonal_random_features(10, 4, generator=torch.Generator().manual_seed(3))
     b = orthogonal_random_features(10, 4, generator=torch.Generator().manual_seed(3))
     assert torch.equal(a, b)
+
+
+def test_orthogonal_random_features_are_drawn_in_float64_then_converted():
+    """The docstring: drawn on the CPU in float64 from the generator, then converted to dtype, so every dtype
+    gets the same draw rounded (and blocks of different draws are not orthogonal to each other)."""
+    exact = orthogonal_random_features(12, 4, generator=torch.Generator().manual_seed(7), dtype=torch.float64)
+    for dtype in (torch.float32, torch.bfloat16):
+        got = orthogonal_random_features(12, 4, generator=torch.Generator().manual_seed(7), dtype=dtype)
+        assert got.dtype == dtype and torch.equal(got, exact.to(dtype))
+    assert (exact[:4] @ exact[4:8].T).abs().max() > 1e-3  # independent blocks, not one orthogonal basis
 
 
 def test_performer_features_formula_and_positivity(gen):
