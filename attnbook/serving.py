@@ -27,6 +27,7 @@ the book's models and measured (the chapter on serving).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections import deque
@@ -511,6 +512,20 @@ def cache_bytes_per_token(
 # --------------------------------------------------------------------------------------
 # Speculative decoding
 # --------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _evaluating(*models: nn.Module):
+    """Every submodule of ``models`` in eval mode (dropout off) for the block, each
+    submodule's own mode restored afterwards, as ``TinyGPT.generate`` does."""
+    modes = [(module, module.training) for m in models for module in m.modules()]
+    for model in models:
+        model.eval()
+    try:
+        yield
+    finally:
+        for module, mode in modes:
+            module.training = mode
+
+
 def truncate_cache(cache: KVCache | LatentKVCache, length: int) -> None:
     """Roll a cache back to its first ``length`` positions, in every layer (what a
     rejected draft token needs). Positions are appended in order, so this only sets
@@ -756,8 +771,9 @@ def speculative_generate(
 
     The output is distributed exactly as ``target.generate(idx, max_new_tokens,
     temperature=temperature, top_k=top_k)``; at ``temperature == 0`` it is the same
-    tokens. Both models are :class:`attnbook.models.TinyGPT` models over one vocabulary,
-    in eval mode (as for ``generate``, dropout would make the passes random); each
+    tokens. Both models are :class:`attnbook.models.TinyGPT` models over one vocabulary;
+    as ``generate`` does, both run in eval mode for the call (dropout would make the
+    passes random) and every submodule gets its previous mode back afterwards; each
     keeps a cache (``make_cache``: a KV cache, or a latent cache for MLA) that is
     rolled back with :func:`truncate_cache` past the accepted tokens. The target's
     first pass reads the prompt and the first proposals together.
@@ -772,6 +788,14 @@ def speculative_generate(
     """
     _check_speculative(target, draft, idx, max_new_tokens, k)
     _check_sampling("speculative_generate", temperature, top_k)
+    with _evaluating(target, draft):
+        return _speculate(
+            target, draft, idx, max_new_tokens, k, temperature, top_k, generator
+        )
+
+
+def _speculate(target, draft, idx, max_new_tokens, k, temperature, top_k, generator):
+    """The rounds of :func:`speculative_generate`, its arguments checked."""
     B, total = idx.shape[0], idx.shape[1] + max_new_tokens
     stats = SpeculativeStats(generated=max_new_tokens)
     capacity = max(total - 1, 1)
@@ -1034,7 +1058,8 @@ def streaming_losses(
       the model reads through it as it is.
 
     The ``t5`` and ``alibi`` schemes build biases for absolute lengths and run only
-    with ``"full"`` (or a cache object). ``progress=True`` shows a tqdm bar.
+    with ``"full"`` (or a cache object). ``progress=True`` shows a tqdm bar. The model
+    runs in eval mode for the call; every submodule gets its previous mode back.
     """
     given = None if isinstance(cache, str) else cache
     _check_streaming(model, ids, cache, n_sink, window, progress)
@@ -1051,8 +1076,6 @@ def streaming_losses(
         kv = SlidingWindowKVCache(*sizes, n_sink + window - 1, **kw)
     else:
         kv = SinkKVCache(*sizes, n_sink, window, **kw)
-    was_training = model.training
-    model.eval()
     ids = ids.to(param.device)
     steps = range(ids.shape[0] - 1)
     if progress:
@@ -1060,12 +1083,10 @@ def streaming_losses(
 
         steps = tqdm(steps, desc=f"streaming ({cache})")
     losses = []
-    try:
+    with _evaluating(model):
         for t in steps:
             logits = model(ids[t].view(1, 1), cache=kv)[0, -1]
             losses.append(F.cross_entropy(logits.float(), ids[t + 1]))
-    finally:
-        model.train(was_training)
     return torch.stack(losses)
 
 
@@ -1076,15 +1097,12 @@ def first_token_attention(model, ids: torch.Tensor) -> torch.Tensor:
     0, averaged over the batch, the heads and the queries ``1 .. n - 1`` (query 0 can
     only attend to itself). A head spreading its weight evenly gives query ``t`` the
     weight ``1 / (t + 1)``, a mean of ``(H_n - 1) / (n - 1)`` (``H_n`` the harmonic
-    number); a layer with an attention sink gives much more."""
+    number); a layer with an attention sink gives much more. The model runs in eval
+    mode for the call; every submodule gets its previous mode back."""
     _check_model_ids("first_token_attention", model, ids, "(n,) or (batch, n)")
     ids = ids[None] if ids.dim() == 1 else ids
-    was_training = model.training
-    model.eval()
-    try:
+    with _evaluating(model):
         _, weights = model(ids, return_weights=True)  # (layers, B, heads, n, n)
-    finally:
-        model.train(was_training)
     return weights[..., 1:, 0].mean(dim=(1, 2, 3))
 
 

@@ -128,3 +128,53 @@ def test_generate_regression_float16_at_temperature_1e4():
     prompt = torch.tensor([[1, 2, 3], [4, 5, 6]])
     sampled = model.generate(prompt, 5, temperature=1e-4, generator=torch.Generator().manual_seed(0))
     assert torch.equal(sampled, model.generate(prompt, 5))
+
+
+# ------------------------------------------------------------------ eval mode, as generate
+def dropout_gpt(seed, vocab=13, **kw):
+    """A float64 model with dropout 0.3 everywhere, left in training mode, one submodule in
+    eval mode (whose mode must come back too)."""
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(vocab_size=vocab, d_model=16, n_heads=2, n_layers=2, dropout=0.3, **kw)
+    model = TinyGPT(cfg).double().train()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.mul_(4.0)
+    model.blocks[1].eval()
+    return model
+
+
+def modes(model):
+    return [m.training for m in model.modules()]
+
+
+@pytest.mark.parametrize("attention", ["mha", "mla"])
+def test_speculative_generate_with_models_left_training_is_target_generate(attention):
+    """Dropout 0.3, both models left in train(): greedy speculation gives target.generate's
+    tokens (generate switches to eval itself); sampling gives the tokens the same call gives
+    with both models in eval mode; every submodule's mode comes back."""
+    target, draft = dropout_gpt(0, attention=attention), dropout_gpt(1)
+    before_t, before_d = modes(target), modes(draft)
+    prompt = torch.randint(13, (2, 4), generator=torch.Generator().manual_seed(0))
+    out, _ = S.speculative_generate(target, draft, prompt, 9, k=3)
+    assert modes(target) == before_t and modes(draft) == before_d
+    assert torch.equal(out, target.generate(prompt, 9))
+
+    def sample(t, d):
+        g = torch.Generator().manual_seed(5)
+        return S.speculative_generate(t, d, prompt, 9, k=3, temperature=1.0, generator=g)[0]
+
+    training = sample(target, draft)
+    assert modes(target) == before_t and modes(draft) == before_d
+    assert torch.equal(training, sample(target.eval(), draft.eval()))
+
+
+def test_streaming_losses_and_first_token_attention_run_in_eval_mode_and_restore_modes():
+    model, ids = dropout_gpt(0), torch.randint(13, (12,), generator=torch.Generator().manual_seed(1))
+    before = modes(model)
+    losses, first = S.streaming_losses(model, ids), S.first_token_attention(model, ids)
+    assert modes(model) == before  # train(was_training) used to reset blocks[1] to training
+    model.eval()
+    torch.testing.assert_close(losses, S.streaming_losses(model, ids))
+    torch.testing.assert_close(first, S.first_token_attention(model, ids))
