@@ -696,9 +696,8 @@ def _interpreter_missing(q: torch.Tensor) -> str | None:
     """Why the Triton kernels cannot run on ``q`` (None when they can)."""
     from .kernels import triton_missing
 
-    return triton_missing(
-        q, "attnbook.kernels.flash_triton", "_fwd_kernel", installed=_triton_importable()
-    )
+    module = "attnbook.kernels.flash_triton"
+    return triton_missing(q, module, "_fwd_kernel", installed=_triton_importable())
 
 
 def _select_backend(

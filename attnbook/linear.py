@@ -563,18 +563,14 @@ def linear_attention_step(
         S_i = S_{i-1} + \phi(k_i) v_i^\top, \quad z_i = z_{i-1} + \phi(k_i), \quad
         \mathrm{out}_i = \frac{\phi(q_i)^\top S_i}{\phi(q_i)^\top z_i + \varepsilon}
 
-    ``q``, ``k``: ``(..., E)``; ``v``: ``(..., Ev)`` (one token each; their batch
-    dimensions broadcast to the token's batch ``B``). ``state = (S, z)`` with ``S``
-    ``(..., M, Ev)`` and ``z`` ``(..., M)``, zeros when ``None``; its batch dimensions
-    broadcast to ``B`` (a missing or size-1 dimension is one memory shared across it),
-    and a state of another batch size is a ``ValueError``, never broadcast up. Returns
-    ``(out (B..., Ev), (S (B..., M, Ev), z (B..., M)))``. The state has a fixed size,
-    whatever the number of tokens seen: unlike a KV cache, it never grows.
+    ``q``, ``k``: ``(..., E)``; ``v``: ``(..., Ev)``, one token each, batch ``B`` (the
+    three broadcast). ``state = (S (..., M, Ev), z (..., M))``, zeros when ``None``,
+    broadcasts to ``B`` (a size-1 or missing dimension shares one memory); a state of
+    another batch size is a ``ValueError``. Returns ``(out (B, Ev), (S (B, M, Ev), z
+    (B, M)))``: a fixed size, whatever the number of tokens seen (a KV cache grows).
     """
     phi_q, phi_k, (S, z), batch = _step_inputs(q, k, v, state, feature_map, eps)
-    M, Ev = phi_k.shape[-1], v.shape[-1]
-    # the new state covers the whole batch of the token (k alone may have fewer
-    # dimensions than v), so S and z always agree and a later step accepts them
+    M, Ev = phi_k.shape[-1], v.shape[-1]  # the new S and z cover all of the batch B
     S = (S + phi_k.unsqueeze(-1) * v.unsqueeze(-2)).expand(*batch, M, Ev).contiguous()
     z = (z + phi_k).expand(*batch, M).contiguous()
     out = _safe_ratio(
@@ -650,9 +646,9 @@ def linear_attention_recurrent(
     ``q``, ``k``: ``(..., n, E)``; ``v``: ``(..., n, Ev)``, one query per key
     (self-attention). ``state``: the ``(S, z)`` left by an earlier call (continue a
     sequence), zeros when ``None``, with batch dimensions that broadcast to the
-    inputs' (as in :func:`linear_attention_step`). Returns ``(out (..., n, Ev), (S, z))``; with
-    ``state=None`` ``out`` equals ``linear_attention(q, k, v, feature_map=feature_map,
-    is_causal=True, eps=eps)``. ``n`` sequential steps.
+    inputs' (as in :func:`linear_attention_step`). Returns ``(out (..., n, Ev), (S,
+    z))``; with ``state=None`` ``out`` equals ``linear_attention(q, k, v,
+    feature_map=feature_map, is_causal=True, eps=eps)``. ``n`` sequential steps.
     """
     fn = "linear_attention_recurrent"
     check_qkv(fn, q, k, v)
