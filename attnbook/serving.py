@@ -866,11 +866,33 @@ def _check_speculation(fn: str, alpha: float, k: int, cost_ratio: float) -> None
 # --------------------------------------------------------------------------------------
 # Attention sinks (StreamingLLM)
 # --------------------------------------------------------------------------------------
-def _check_sink_cache(n_layers, batch, n_kv_heads, head_dim, n_sink, window):
+def _check_sink_cache(n_layers, batch, n_kv_heads, head_dim, n_sink, window, dtype):
     fn = "SinkKVCache"
     check_sizes(fn, n_layers=n_layers, batch=batch, n_kv_heads=n_kv_heads)
     check_sizes(fn, head_dim=head_dim, window=window)
     check_int(fn, "n_sink", n_sink, minimum=0)
+    _check_dtype(fn, dtype)
+
+
+def _check_layer(fn: str, layer, n_layers: int) -> None:
+    """``layer`` an int in ``[0, n_layers)``: a negative index would read another
+    layer, as a list does."""
+    if check_int(fn, "layer", layer, minimum=0) >= n_layers:
+        raise ValueError(f"{fn}: layer must be in [0, {n_layers}), got {layer}")
+
+
+def _check_kv_update(fn: str, cache_shape, layer, k_new, v_new) -> None:
+    """What ``KVCache.update`` refuses: floating ``k_new``, ``v_new`` (an integer
+    tensor would be cast silently) of shape ``cache_shape[1:] + (T, head_dim)``,
+    ``layer`` in ``[0, n_layers)``; ``cache_shape`` is ``(n_layers, batch,
+    n_kv_heads, head_dim)``."""
+    check_float(fn, "k_new", k_new)
+    check_float(fn, "v_new", v_new)
+    n_layers, batch, n_kv_heads, head_dim = cache_shape
+    check_cache_update(
+        fn, k_new, v_new, (batch, n_kv_heads), head_dim, layer=layer,
+        n_layers=n_layers, names=("k_new", "v_new"),
+    )  # fmt: skip
 
 
 class SinkKVCache(KVCache):
@@ -888,11 +910,17 @@ class SinkKVCache(KVCache):
     .. math:: [0, \min(n_s, N)) \,\cup\, [\max(n_s, N - \max(w, T)), N),
 
     the sinks and the last ``window`` positions *including the new ones* (one decode
-    step attends to ``n_sink + window`` keys, the paper's cache size). When ``T >
-    window`` all ``T`` new positions are returned, so each new query finds itself. A
-    causal mask aligned bottom-right then lets new query ``n + i`` see the sinks and
-    the returned positions up to its own: the last query sees exactly what one decode
-    step would, earlier queries of the chunk fewer recent positions.
+    step attends to ``n_sink + window`` keys, the paper's cache size). A causal mask
+    aligned bottom-right then lets new query ``n + i`` see the sinks and the returned
+    positions up to its own. For a chunk of ``T <= window`` the last query sees the
+    positions one decode step would, at the same indices, and each earlier query a
+    subset of its own decode step's (fewer recent positions). When ``T > window`` all
+    ``T`` new positions are returned, so each new query finds itself: query ``n + i``
+    sees the sinks and ``[n, n + i]``, the last one (sinks full) ``T`` recent
+    positions, more than the ``window`` a decode step keeps (a long prefill is
+    attended to in full). In a model of several layers only the positions agree: the
+    hidden states of a chunk's earlier positions, hence the next layer's keys, depend
+    on what they saw.
 
     ``positions_in_cache = True`` tells :class:`attnbook.models.Attention` that keys
     are stored unrotated and that queries and keys are rotated by their index in the
@@ -914,7 +942,7 @@ class SinkKVCache(KVCache):
         dtype: torch.dtype = torch.float32,
         device=None,
     ):
-        _check_sink_cache(n_layers, batch, n_kv_heads, head_dim, n_sink, window)
+        _check_sink_cache(n_layers, batch, n_kv_heads, head_dim, n_sink, window, dtype)
         super().__init__(
             n_layers, batch, n_kv_heads, head_dim, n_sink + window, dtype, device
         )
@@ -923,6 +951,7 @@ class SinkKVCache(KVCache):
     def positions(self, layer: int) -> torch.Tensor:
         """The positions ``layer`` holds, in order: ``(min(length, n_sink + window),)``
         integers."""
+        _check_layer("SinkKVCache.positions", layer, len(self.lengths))
         n = self.lengths[layer]
         first = min(self.n_sink, n)
         return torch.cat(
@@ -935,21 +964,15 @@ class SinkKVCache(KVCache):
 
     def retained(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The keys and values ``layer`` holds, in the order of :meth:`positions`."""
+        _check_layer("SinkKVCache.retained", layer, len(self.lengths))
         slots = self._slots(self.positions(layer))
         return self.k[layer][:, :, slots], self.v[layer][:, :, slots]
 
     def update(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        check_cache_update(
-            "SinkKVCache.update",
-            k_new,
-            v_new,
-            tuple(self.k.shape[1:3]),
-            self.k.shape[-1],
-            layer=layer,
-            n_layers=len(self.lengths),
-        )
+        shape = (len(self.lengths), *self.k.shape[1:3], self.k.shape[-1])
+        _check_kv_update("SinkKVCache.update", shape, layer, k_new, v_new)
         n, T = self.lengths[layer], k_new.shape[-2]
         N = n + T
         held = self.positions(layer)
@@ -1350,15 +1373,8 @@ class QuantizedKVCache:
     def update(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        check_cache_update(
-            "QuantizedKVCache.update",
-            k_new,
-            v_new,
-            self.leading,
-            self.head_dim,
-            layer=layer,
-            n_layers=self.n_layers,
-        )
+        shape = (self.n_layers, *self.leading, self.head_dim)
+        _check_kv_update("QuantizedKVCache.update", shape, layer, k_new, v_new)
         n, T = self.lengths[layer], k_new.shape[-2]
         if n + T > self.max_len:
             raise CacheFullError(

@@ -116,7 +116,7 @@ def test_sink_cache_rejects_bad_arguments():
     cache = SinkKVCache(2, 1, 2, 4, n_sink=2, window=4)
     with pytest.raises(ValueError, match=r"\(1, 2, 'T', 4\).*\(1, 2, 3, 5\)"):
         cache.update(0, randn(1, 2, 3, 5), randn(1, 2, 3, 5))
-    with pytest.raises(ValueError, match="k and v"):
+    with pytest.raises(ValueError, match="k_new and v_new"):
         cache.update(0, randn(1, 2, 3, 4), randn(1, 2, 2, 4))
     with pytest.raises(ValueError, match="T >= 1"):
         cache.update(0, randn(1, 2, 0, 4), randn(1, 2, 0, 4))

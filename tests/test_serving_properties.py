@@ -178,3 +178,64 @@ def test_streaming_losses_and_first_token_attention_run_in_eval_mode_and_restore
     model.eval()
     torch.testing.assert_close(losses, S.streaming_losses(model, ids))
     torch.testing.assert_close(first, S.first_token_attention(model, ids))
+
+
+# ------------------------------------------------------------------ what a chunk sees through sinks
+def sink_updates(n_sink, window, chunks):
+    """Positions 0, 1, ... appended in ``chunks`` (keys = their position): per chunk ``(n,
+    T, the positions update returned, in order)``."""
+    cache, n, out = S.SinkKVCache(1, 1, 1, 1, n_sink, window, dtype=torch.float64), 0, []
+    for T in chunks:
+        k = torch.arange(n, n + T, dtype=torch.float64).view(1, 1, T, 1)
+        out.append((n, T, cache.update(0, k, k)[0].flatten().long().tolist()))
+        n += T
+    return out
+
+
+@given(n_sink=st.integers(0, 3), window=st.integers(1, 5),
+       chunks=st.lists(st.integers(1, 9), min_size=1, max_size=6))
+def test_a_chunk_through_a_sink_cache_sees_what_its_docstring_says(n_sink, window, chunks):
+    """Against the same positions appended one at a time (one decode step each): with a
+    causal mask aligned bottom-right, query n + i of a chunk sees the returned positions up
+    to its own. T <= window: the last query sees exactly its decode step's positions (the
+    same list, so the same indices: rotated alike), the others a subset of theirs. T >
+    window: query n + i sees the sinks and n .. n + i, the last one T > window recent positions
+    once the sinks are full (the old docstring said it saw what a decode step would)."""
+    steps = sink_updates(n_sink, window, [1] * sum(chunks))
+    for n, T, returned in sink_updates(n_sink, window, chunks):
+        for i in range(T):
+            seen = returned[: len(returned) - T + i + 1]
+            assert seen == [p for p in returned if p <= n + i] and seen[-1] == n + i
+            decode = steps[n + i][2]
+            if T <= window:
+                assert set(seen) <= set(decode)
+                if i == T - 1:
+                    assert seen == decode
+            else:
+                assert seen == sorted(set(range(min(n_sink, n + i + 1))) | set(range(n, n + i + 1)))
+                recent = [p for p in seen if p >= n_sink]
+                assert len(recent) == max(0, n + i + 1 - max(n, n_sink))  # i + 1 past the sinks
+
+
+@settings(max_examples=10)
+@given(n_sink=st.integers(0, 3), window=st.integers(2, 6), seed=st.integers(0, 100),
+       chunks=st.lists(st.integers(1, 6), min_size=2, max_size=6))
+def test_a_one_layer_model_reads_a_chunk_of_at_most_window_tokens_as_decoding(n_sink, window, seed, chunks):
+    """A one-layer model (keys are projections of the embeddings, the same in both runs) fed
+    a stream in chunks of T <= window through a sink cache: each chunk's last logits equal
+    those of feeding the tokens one at a time."""
+    chunks = [min(T, window) for T in chunks]
+    torch.manual_seed(seed)
+    model = TinyGPT(TransformerConfig(vocab_size=17, d_model=16, n_heads=2, n_layers=1)).double().eval()
+    ids = torch.randint(17, (1, sum(chunks)), generator=torch.Generator().manual_seed(seed))
+
+    def cache():
+        return S.SinkKVCache(1, 1, 2, 8, n_sink, window, dtype=torch.float64)
+
+    one, chunked, start = cache(), cache(), 0
+    with torch.no_grad():
+        steps = torch.cat([model(ids[:, t : t + 1], cache=one)[:, -1] for t in range(ids.shape[1])])
+        for T in chunks:
+            last = model(ids[:, start : start + T], cache=chunked)[0, -1]
+            start += T
+            torch.testing.assert_close(last, steps[start - 1], atol=1e-10, rtol=1e-10)
