@@ -630,7 +630,28 @@ def _check_accept(p, q, draft_tokens) -> None:
         )
     if q.shape[2] == 0:
         raise ValueError(f"{fn}: p and q must have vocab >= 1, got {tuple(q.shape)}")
+    for name, t in (("p", p), ("q", q)):
+        _check_probabilities(fn, name, t)
     _check_token_ids(fn, "draft_tokens", draft_tokens, tuple(q.shape[:2]), q.shape[2])
+
+
+def _check_probabilities(fn: str, name: str, t: torch.Tensor) -> None:
+    """Every entry of ``t`` finite and ``>= 0`` and every row (last dimension) summing
+    to 1 up to rounding (``max(1e-3, 4 eps)`` of its dtype)."""
+    if t.numel() == 0:
+        return
+    if not bool(((t >= 0) & (t < math.inf)).all()):  # NaN fails both
+        what = "NaN" if bool(t.isnan().any()) else f"min {float(t.min())}"
+        raise ValueError(
+            f"{fn}: {name} must hold probabilities (finite, >= 0), got {what}"
+        )
+    sums = t.to(torch.promote_types(t.dtype, torch.float32)).sum(-1)
+    tolerance = max(1e-3, 4 * torch.finfo(t.dtype).eps)
+    if not bool(((sums - 1).abs() <= tolerance).all()):
+        raise ValueError(
+            f"{fn}: every row of {name} must sum to 1 (a distribution over the "
+            f"vocabulary), got sums in [{float(sums.min()):g}, {float(sums.max()):g}]"
+        )
 
 
 def _check_token_ids(fn: str, name: str, ids, shape: tuple, vocab_size: int) -> None:
@@ -682,7 +703,9 @@ def speculative_accept(
 
     Returns ``(n_accepted (B,), next_token (B,))``. With one-hot ``p`` and ``q``
     (temperature 0) the rule is deterministic: accept while the draft's argmax is the
-    target's, then the target's argmax.
+    target's, then the target's argmax. Every row of ``p`` and ``q`` must be a
+    distribution: entries finite and ``>= 0``, summing to 1 up to rounding
+    (``ValueError`` otherwise); an empty batch returns two empty tensors.
     """
     _check_accept(p, q, draft_tokens)
     B, k, V = q.shape

@@ -239,3 +239,34 @@ def test_a_one_layer_model_reads_a_chunk_of_at_most_window_tokens_as_decoding(n_
             last = model(ids[:, start : start + T], cache=chunked)[0, -1]
             start += T
             torch.testing.assert_close(last, steps[start - 1], atol=1e-10, rtol=1e-10)
+
+
+@settings(max_examples=8)
+@given(dtype=st.sampled_from(HALF), temperature=temperatures, top_k=st.none() | st.integers(1, 5),
+       k=st.integers(1, 4), seed=st.integers(0, 10**6))
+def test_speculative_generate_in_half_precision_at_low_temperatures(dtype, temperature, top_k, k, seed):
+    """Half-precision target and draft with logits in the hundreds: sampling_probs gives
+    distributions speculative_accept takes (rows summing to 1 up to the dtype's rounding),
+    every temperature down to 1e-4 runs and writes token ids of the vocabulary."""
+    target, draft = loud_gpt(dtype, seed=0), loud_gpt(dtype, seed=1)
+    prompt = torch.randint(11, (3, 4), generator=torch.Generator().manual_seed(seed))
+    g = torch.Generator().manual_seed(seed)
+    out, stats = S.speculative_generate(target, draft, prompt, 6, k=k, temperature=temperature,
+                                        top_k=top_k, generator=g)
+    assert out.shape == (3, 10) and torch.equal(out[:, :4], prompt)
+    assert bool(((out >= 0) & (out < 11)).all()) and stats.generated == 6
+
+
+def test_speculative_accept_refuses_what_is_not_a_distribution():
+    """Regression: a negative or NaN probability reached multinomial's RuntimeError (or a
+    negative q was accepted silently); an unnormalized row gave a wrong acceptance rate."""
+    p, q, x = torch.full((1, 2, 4), 0.25), torch.full((1, 1, 4), 0.25), torch.zeros(1, 1, dtype=torch.long)
+    for bad_p, bad_q, words in [
+        (p.index_fill(2, torch.tensor([3]), -0.25), q, "p must hold probabilities"),
+        (p, q.index_fill(2, torch.tensor([3]), float("nan")), "q must hold probabilities .* NaN"),
+        (p, q * 0.5, "every row of q must sum to 1"),
+    ]:
+        with pytest.raises(ValueError, match=f"speculative_accept: {words}"):
+            S.speculative_accept(bad_p, bad_q, x)
+    half = S.sampling_probs(torch.randn(1, 2, 50, dtype=torch.float16) * 4, 0.7)
+    S.speculative_accept(half, half[:, :1], x)  # half-precision rounding is accepted
