@@ -1658,7 +1658,8 @@ class PagedModel:
         """Feed ``tokens[b]`` to sequence ``seq_ids[b]`` (at position = its length so
         far) and return the greedy next token of each. The ids must be distinct
         running sequences; when the pool cannot take the blocks the step needs, it
-        raises :class:`attnbook.kvcache.CacheFullError` and changes nothing."""
+        raises :class:`attnbook.kvcache.CacheFullError` and changes nothing. No
+        sequence (``decode([], [])``) is a step of nothing: ``[]``."""
         model, param = self.model, next(self.model.parameters())
         lengths = self.caches[0].lengths
         _check_decode_tokens(tokens, model.config.vocab_size)
@@ -1670,6 +1671,8 @@ class PagedModel:
         unknown = [s for s in seq_ids if s not in lengths]
         if unknown:
             raise ValueError(f"PagedModel.decode: sequences {unknown} are not running")
+        if not seq_ids:
+            return []
         # a sequence whose last block is full takes a new one
         full = sum(lengths[s] % self.block_size == 0 for s in seq_ids)
         self._check_room("decode", full)
@@ -1762,19 +1765,22 @@ class ServeResult:
 
     def summary(self) -> dict:
         """Throughput (tokens per step and per second), latency (mean, p95 with linear
-        interpolation) and time to first token in steps, peak blocks in use."""
+        interpolation) and time to first token in steps, peak blocks in use. With no
+        request (an empty list served) the counts and rates are 0 and the three
+        per-request statistics ``nan``: a mean of nothing."""
         lat = torch.tensor(
             [t.latency for t in self.timings.values()], dtype=torch.float
         )
         ttft = [t.time_to_first_token for t in self.timings.values()]
+        nan = float("nan")
         return dict(
             steps=self.steps,
             tokens=self.tokens,
             tokens_per_step=self.tokens / max(self.steps, 1),
             tokens_per_second=self.tokens / max(self.seconds, 1e-9),
-            mean_latency=float(lat.mean()),
-            p95_latency=float(torch.quantile(lat, 0.95)),
-            mean_ttft=sum(ttft) / len(ttft),
+            mean_latency=float(lat.mean()) if ttft else nan,
+            p95_latency=float(torch.quantile(lat, 0.95)) if ttft else nan,
+            mean_ttft=sum(ttft) / len(ttft) if ttft else nan,
             peak_blocks=max(self.blocks_in_use, default=0),
         )
 

@@ -1,5 +1,7 @@
 """Bad-input rows for attnbook.serving (see tests/test_bad_input.py)."""
 
+import math
+
 import torch
 from test_bad_input import Bad, Edge
 
@@ -299,6 +301,11 @@ ROWS = [
         ("continuous_batching", "requests", "needs")),
     Edge("continuous_batching", "empty", lambda: S.continuous_batching([], _paged(), max_batch=2),
          lambda r: r.steps == 0 and r.tokens == 0),
+    Edge("ServeResult", "empty", lambda: S.continuous_batching([], _paged(), max_batch=2).summary(),
+         lambda s: s["steps"] == s["tokens"] == s["peak_blocks"] == 0 and s["tokens_per_step"] == 0
+         and all(math.isnan(s[k]) for k in ("mean_latency", "p95_latency", "mean_ttft"))),
+    Edge("PagedModel", "empty", lambda: _paged().decode([], []), lambda r: r == []),
+    Bad("PagedModel", "wrong-shape", lambda: _paged().decode([0], []), ("PagedModel.decode", "seq_ids", "tokens")),
     Bad("static_batching", "non-integer", lambda: S.static_batching([_request()], _paged(), max_batch=1.5),
         ("static_batching", "max_batch")),
     Bad("static_batching", "wrong-type", lambda: S.static_batching([_request()], "engine", max_batch=1),
@@ -310,5 +317,4 @@ EXEMPT = {
     "SpeculativeStats": "a dataclass of counts that speculative_generate returns",
     "QuantizedTensor": "a frozen dataclass of results that quantize returns (checked by dequantize's row)",
     "RequestTiming": "a dataclass of step counts that the schedulers fill in",
-    "ServeResult": "a dataclass of results that the schedulers return",
 }

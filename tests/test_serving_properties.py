@@ -270,3 +270,32 @@ def test_speculative_accept_refuses_what_is_not_a_distribution():
             S.speculative_accept(bad_p, bad_q, x)
     half = S.sampling_probs(torch.randn(1, 2, 50, dtype=torch.float16) * 4, 0.7)
     S.speculative_accept(half, half[:, :1], x)  # half-precision rounding is accepted
+
+
+# ------------------------------------------------------------------ serving: summary and empty steps
+def test_serve_summary_equals_its_statistics_written_out_and_empty_inputs_are_documented():
+    """ServeResult.summary against the statistics computed here by hand (the p95 with linear
+    interpolation between the two nearest order statistics); an empty request list gives
+    counts 0 and nan per-request statistics (it raised from torch.quantile), and
+    PagedModel.decode([], []) is [] (it failed inside the embedding)."""
+    torch.manual_seed(0)
+    model = TinyGPT(TransformerConfig(vocab_size=32, d_model=16, n_heads=2, n_layers=1)).eval()
+    trace = S.synthetic_trace(9, generator=torch.Generator().manual_seed(3), output_len=(1, 12))
+    for policy in (S.continuous_batching, S.static_batching):
+        engine = S.PagedModel(model, n_blocks=24, block_size=4, max_len=64)
+        result = policy(trace, engine, max_batch=3)
+        s, timings = result.summary(), list(result.timings.values())
+        latencies = sorted(t.latency for t in timings)
+        at = 0.95 * (len(latencies) - 1)
+        lo, frac = int(at), at - int(at)
+        p95 = latencies[lo] + frac * (latencies[min(lo + 1, len(latencies) - 1)] - latencies[lo])
+        assert s["p95_latency"] == pytest.approx(p95)
+        assert s["mean_latency"] == pytest.approx(sum(latencies) / len(latencies))
+        assert s["mean_ttft"] == pytest.approx(sum(t.time_to_first_token for t in timings) / len(timings))
+        assert s["tokens"] == sum(r.output_len for r in trace) and s["steps"] == len(result.running)
+        assert s["tokens_per_step"] == s["tokens"] / s["steps"]
+        assert s["peak_blocks"] == max(result.blocks_in_use)
+        assert engine.decode([], []) == []
+    empty = S.continuous_batching([], S.PagedModel(model, n_blocks=2, block_size=4), max_batch=1).summary()
+    assert (empty["steps"], empty["tokens"], empty["tokens_per_step"], empty["peak_blocks"]) == (0, 0, 0, 0)
+    assert all(math.isnan(empty[k]) for k in ("mean_latency", "p95_latency", "mean_ttft"))
