@@ -1058,6 +1058,18 @@ def _check_streaming(model, ids, cache, n_sink, window, progress) -> None:
     check_int(fn, "window", window, minimum=0)
     check_flag(fn, "progress", progress)
     positional = model.config.positional
+    latent = getattr(model.config, "attention", "mha") == "mla"
+    if latent and cache in ("window", "sinks"):
+        raise ValueError(
+            f"{fn}: cache={cache!r} holds per-head keys and values; a model with "
+            "attention='mla' caches latents: use cache='full' or a LatentKVCache"
+        )
+    if not isinstance(cache, str) and latent != isinstance(cache, LatentKVCache):
+        need = "a LatentKVCache" if latent else "a cache of keys and values"
+        raise ValueError(
+            f"{fn}: cache must be {need} for a model with attention="
+            f"{model.config.attention!r}, got {type(cache).__name__}"
+        )
     if cache in ("window", "sinks") and positional in ("t5", "alibi"):
         raise ValueError(
             f"{fn}: cache={cache!r} needs a model whose positions live in the keys or "
@@ -1090,7 +1102,8 @@ def streaming_losses(
     ``cache``:
 
     * ``"full"``: a :class:`attnbook.kvcache.KVCache` keeping everything (dense
-      attention; past the training length RoPE meets distances it never saw);
+      attention; past the training length RoPE meets distances it never saw), or
+      for ``attention="mla"`` a :class:`LatentKVCache` (the only cache MLA reads);
     * ``"window"``: a :class:`attnbook.kvcache.SlidingWindowKVCache` of ``n_sink +
       window - 1`` positions, so each step attends to the last ``n_sink + window``
       tokens, the same budget as ``"sinks"``. Its keys are rotated at their absolute
@@ -1100,8 +1113,9 @@ def streaming_losses(
       rotated by slot): StreamingLLM.
 
     * an empty cache object with the :class:`attnbook.kvcache.KVCache` interface (for
-      example a :class:`QuantizedKVCache` for one sequence, long enough for ``ids``):
-      the model reads through it as it is.
+      example a :class:`QuantizedKVCache` for one sequence, long enough for ``ids``;
+      a :class:`LatentKVCache` for MLA, and only for MLA): the model reads through it
+      as it is.
 
     The ``t5`` and ``alibi`` schemes build biases for absolute lengths and run only
     with ``"full"`` (or a cache object). ``progress=True`` shows a tqdm bar. The model
@@ -1116,6 +1130,8 @@ def streaming_losses(
     kw = dict(dtype=param.dtype, device=param.device)
     if given is not None:
         kv = given
+    elif cache == "full" and cfg.attention == "mla":
+        kv = model.make_cache(1, ids.shape[0])
     elif cache == "full":
         kv = KVCache(*sizes, ids.shape[0], **kw)
     elif cache == "window":

@@ -299,3 +299,34 @@ def test_serve_summary_equals_its_statistics_written_out_and_empty_inputs_are_do
     empty = S.continuous_batching([], S.PagedModel(model, n_blocks=2, block_size=4), max_batch=1).summary()
     assert (empty["steps"], empty["tokens"], empty["tokens_per_step"], empty["peak_blocks"]) == (0, 0, 0, 0)
     assert all(math.isnan(empty[k]) for k in ("mean_latency", "p95_latency", "mean_ttft"))
+
+
+# ------------------------------------------------------------------ streaming an MLA model
+def mla_gpt(seed=0):
+    torch.manual_seed(seed)
+    cfg = TransformerConfig(vocab_size=32, d_model=16, n_heads=2, n_layers=2, attention="mla")
+    return TinyGPT(cfg).double().eval()
+
+
+def test_streaming_losses_of_an_mla_model_read_a_latent_cache():
+    """cache='full' on an MLA model raised a TypeError from inside the MLA layer (a KV cache
+    was built for it): it now builds a latent cache, and the losses equal the full forward's
+    cross-entropy, as a given LatentKVCache does. Caches of keys and values are refused for
+    MLA, a latent cache for MHA, by a ValueError naming cache."""
+    model, ids = mla_gpt(), torch.randint(32, (18,), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        logits = model(ids[None])[0, :-1].float()  # streaming_losses takes the loss in float32
+    expected = torch.nn.functional.cross_entropy(logits, ids[1:], reduction="none")
+    torch.testing.assert_close(S.streaming_losses(model, ids), expected, atol=1e-6, rtol=1e-6)
+    given = S.streaming_losses(model, ids, cache=model.make_cache(1, 18))
+    torch.testing.assert_close(given, expected, atol=1e-6, rtol=1e-6)
+    for cache in ("window", "sinks"):
+        with pytest.raises(ValueError, match=f"streaming_losses: cache='{cache}' .* attention='mla'"):
+            S.streaming_losses(model, ids, cache=cache)
+    from attnbook.kvcache import KVCache
+
+    with pytest.raises(ValueError, match="streaming_losses: cache must be a LatentKVCache"):
+        S.streaming_losses(model, ids, cache=KVCache(2, 1, 2, 8, 18, dtype=torch.float64))
+    mha = TinyGPT(TransformerConfig(vocab_size=32, d_model=16, n_heads=2, n_layers=2)).double()
+    with pytest.raises(ValueError, match="streaming_losses: cache must be a cache of keys and values"):
+        S.streaming_losses(mha, ids, cache=model.make_cache(1, 18))
