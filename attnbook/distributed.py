@@ -43,6 +43,7 @@ import torch.distributed as dist
 
 from .contract import (
     check_flag,
+    check_float,
     check_int,
     check_qkv,
     check_real,
@@ -223,7 +224,7 @@ def unshard(
 
 
 # --------------------------------------------------------------------------------------
-# The process group: checks and statistics
+# The process group: checks every rank agrees on, and statistics
 # --------------------------------------------------------------------------------------
 @dataclass
 class CommStats:
@@ -260,79 +261,198 @@ def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
 
-def _describe(meta: list[int]) -> str:
-    batch, heads, kv_heads, length, e, ev = meta
+def _ring_of(fn: str, group) -> _Ring:
+    """``group`` (None: every process) seen from this rank. A wrong ``group`` is
+    refused here, on the rank that passed it: with no group there is no one to tell."""
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError(
+            f"{fn}: this process is not a member of group (torch.distributed.new_group "
+            "gave it no place in that group)"
+        )
+    if group is not None and not isinstance(group, dist.ProcessGroup):
+        raise TypeError(
+            f"{fn}: group must be a torch.distributed process group or None, got "
+            f"{type(group).__name__}"
+        )
+    world, rank = dist.get_world_size(group), dist.get_rank(group)
+    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
+    return _Ring(world, rank, ranks[(rank + 1) % world], ranks[rank - 1], group)
+
+
+# Why the ranks' calls must agree, for each thing they compare (see _agree)
+_MUST_AGREE = {
+    "function": "every rank must run the same function",
+    "shape": "every rank must hold a shard of one shape",
+    "dtype": "the ranks exchange blocks of one dtype",
+    "device": "the ranks exchange blocks on one kind of device",
+    "requires_grad": "the backward pass exchanges gradients, so every rank must run "
+    "it: make the same inputs require grad on every rank",
+    "is_causal": "every rank must use the same options, or the output mixes two "
+    "attentions",
+    "scale": "every rank must use the same options, or the output mixes two attentions",
+    "layout": "every rank must use the same layout, or the positions are wrong",
+}
+_ERRORS = {"ValueError": ValueError, "TypeError": TypeError}
+
+
+def _describe(shape: tuple[int, ...]) -> str:
+    batch, heads, kv_heads, length, e, ev = shape
     return f"(B={batch}, H={heads}, Hkv={kv_heads}, L_local={length}, E={e}, Ev={ev})"
 
 
-def _check_shards(fn, q, k, v, group) -> _Ring:
-    """Check this rank's ``q, k, v`` against the contract and against the other ranks'.
+def _shared_error(fn: str, failed: dict, world: int) -> Exception:
+    """The error every rank raises when the checks of the ranks in ``failed`` (rank ->
+    (error type, message)) raised: that error itself when every rank failed alike,
+    else one of the first failing rank's type giving each failing rank's message."""
+    kind, message = next(iter(failed.values()))
+    by_message: dict[str, list[int]] = {}
+    for r, (_, m) in failed.items():
+        by_message.setdefault(m, []).append(r)
+    if len(failed) == world and len(by_message) == 1:
+        return _ERRORS[kind](message)
+    parts = "; ".join(
+        f"rank{'s' * (len(rs) > 1)} {', '.join(map(str, rs))}: {m}"
+        for m, rs in by_message.items()
+    )
+    return _ERRORS[kind](
+        f"{fn}: the inputs of rank(s) {sorted(failed)} of {world} are invalid, so "
+        f"every rank raises this error. {parts}"
+    )
 
-    Every rank takes part in one ``all_gather`` of the shapes, even when its own
-    inputs are wrong, so all ranks raise together instead of some waiting forever.
+
+def _compare_calls(fn: str, calls: list[dict]) -> None:
+    """``ValueError`` naming the first thing the ranks' ``calls`` differ in."""
+    for field in calls[0]:
+        values = [c[field] for c in calls]
+        if len(set(values)) == 1:
+            continue
+        if field == "shape" and len({v[3] for v in values}) > 1:
+            lengths = [v[3] for v in values]
+            raise ValueError(
+                f"{fn}: the shards differ in length across ranks: L_local = "
+                f"{lengths}. Every rank must hold as many positions: pad the sequence "
+                "at its end to a multiple of the world size (2 x world for zigzag) "
+                "before sharding. Under is_causal the padded keys come after every "
+                "real query and change nothing."
+            )
+        shown = [_describe(v) if field == "shape" else v for v in values]
+        raise ValueError(
+            f"{fn}: the ranks' calls differ in {field}: "
+            + ", ".join(f"rank {r} {v}" for r, v in enumerate(shown))
+            + f"; {_MUST_AGREE[field]}"
+        )
+
+
+def _agree(fn: str, group, error: Exception | None, call: dict | None = None) -> _Ring:
+    """Make every rank of ``group`` raise the same error, or none, before data moves.
+
+    Each rank calls it after checking its own arguments, with the error its checks
+    raised (None when they passed) and ``call``, what it is about to do (function,
+    shapes, dtype, device, options). One ``all_gather_object`` shares both; then if
+    any rank's checks failed, every rank raises that error (:func:`_shared_error`),
+    and if the calls differ, every rank raises the same ``ValueError`` naming what
+    differs. Otherwise the ranks whose checks passed would wait forever in a
+    collective the others never join, and shards of different sizes or dtypes would
+    make gloo abort the process. Without an initialized process group the error is
+    raised as it is, or a ``RuntimeError`` says the group is missing. (Under NCCL the
+    objects travel through the GPU that ``torch.cuda.set_device`` chose for the rank.)
     """
     if not (dist.is_available() and dist.is_initialized()):
+        if error is not None:
+            raise error
         raise RuntimeError(
             f"{fn} needs an initialized process group: call "
             "torch.distributed.init_process_group first, or run the function under "
             "attnbook.distributed.run_on_ranks"
         )
-    error, meta = None, [-1] * 6
+    ring = _ring_of(fn, group)
+    kind = "TypeError" if isinstance(error, TypeError) else "ValueError"
+    mine = (None if error is None else (kind, str(error)), call)
+    reports: list = [None] * ring.world
+    dist.all_gather_object(reports, mine, group=group)
+    failed = {r: report for r, (report, _) in enumerate(reports) if report is not None}
+    if failed:
+        raise _shared_error(fn, failed, ring.world) from error
+    if call is not None:
+        _compare_calls(fn, [c for _, c in reports])
+    return ring
+
+
+_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _check_local_shards(fn: str, q, k, v) -> None:
+    """This rank's ``q, k, v``: the contract, and what sharded attention adds to it."""
+    check_qkv(fn, q, k, v)
+    shapes = f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}"
+    if q.dtype not in _DTYPES:
+        raise TypeError(
+            f"{fn}: q, k and v must be float16, bfloat16, float32 or float64, got "
+            f"{q.dtype}"
+        )
+    if min(q.dim(), k.dim()) < 3 or q.shape[:-3] != k.shape[:-3]:
+        raise ValueError(
+            f"{fn}: q, k and v must be (..., heads, seq, head_dim) shards with the "
+            f"same leading dimensions, got {shapes}"
+        )
+    if q.shape[-2] != k.shape[-2]:
+        raise ValueError(
+            f"{fn}: q and k must be shards of one sequence (the same local length, "
+            f"dim -2), got q {tuple(q.shape)} and k {tuple(k.shape)}"
+        )
+    heads, kv_heads = q.shape[-3], k.shape[-3]
+    if heads and (kv_heads == 0 or heads % kv_heads):
+        raise ValueError(
+            f"{fn}: q's heads must be a multiple of k's (grouped-query attention; a "
+            f"single query head does not broadcast over key/value heads here), got "
+            f"{shapes}"
+        )
+    if q.shape[-1] == 0:
+        raise ValueError(
+            f"{fn}: head_dim must be >= 1 (with 0 every score is 0, and the default "
+            f"scale 1/sqrt(head_dim) is undefined), got {shapes}"
+        )
+
+
+def _check_shards(
+    fn, q, k, v, group, *, is_causal, scale, return_stats, layout="contiguous"
+) -> _Ring:
+    """Check this rank's ``q, k, v`` and options, then agree with the other ranks
+    (:func:`_agree`): every rank raises the same error, or none."""
+    error, call = None, None
     try:
-        check_qkv(fn, q, k, v)
-        if min(q.dim(), k.dim()) < 3 or q.shape[:-3] != k.shape[:-3]:
-            raise ValueError(
-                f"{fn}: q, k and v must be (..., heads, seq, head_dim) shards with the "
-                f"same leading dimensions, got q {tuple(q.shape)}, k {tuple(k.shape)}, "
-                f"v {tuple(v.shape)}"
-            )
-        if q.shape[-2] != k.shape[-2]:
-            raise ValueError(
-                f"{fn}: q and k must be shards of one sequence (the same local length, "
-                f"dim -2), got q {tuple(q.shape)} and k {tuple(k.shape)}"
-            )
-        batch = math.prod(q.shape[:-3])
-        meta = [batch, q.shape[-3], k.shape[-3], q.shape[-2], q.shape[-1], v.shape[-1]]
+        _check_layout(fn, layout)
+        is_causal = check_flag(fn, "is_causal", is_causal)
+        check_flag(fn, "return_stats", return_stats)
+        if scale is not None:
+            check_real(fn, "scale", scale)
+        _check_local_shards(fn, q, k, v)
+        call = {
+            "function": fn,
+            "shape": (math.prod(q.shape[:-3]), q.shape[-3], k.shape[-3], q.shape[-2],
+                      q.shape[-1], v.shape[-1]),  # fmt: skip
+            "dtype": str(q.dtype),
+            "device": q.device.type,
+            "requires_grad": tuple(
+                torch.is_grad_enabled() and t.requires_grad for t in (q, k, v)
+            ),
+            "is_causal": is_causal,
+            "scale": default_scale(scale, q.shape[-1]),
+            "layout": layout,
+        }
     except (ValueError, TypeError) as e:
         error = e
-    world = dist.get_world_size(group)
-    device = q.device if isinstance(q, torch.Tensor) else torch.device("cpu")
-    mine = torch.tensor(meta, dtype=torch.int64, device=device)
-    gathered = [torch.zeros_like(mine) for _ in range(world)]
-    dist.all_gather(gathered, mine, group=group)
-    metas = [g.tolist() for g in gathered]
-    if error is not None:
-        raise error
-    bad = [r for r, m in enumerate(metas) if m[0] < 0]
-    if bad:
-        raise ValueError(
-            f"{fn}: the inputs of rank(s) {bad} are invalid; the error raised there "
-            "says why"
-        )
-    lengths = [m[3] for m in metas]
-    if len(set(lengths)) > 1:
-        raise ValueError(
-            f"{fn}: the shards differ in length across ranks: L_local = {lengths}. "
-            "Every rank must hold as many positions: pad the sequence at its end to a "
-            "multiple of the world size (2 x world for zigzag) before sharding. Under "
-            "is_causal the padded keys come after every real query and change nothing."
-        )
-    if any(m != metas[0] for m in metas):
-        raise ValueError(
-            f"{fn}: the ranks' shards differ in shape: "
-            + ", ".join(f"rank {r} {_describe(m)}" for r, m in enumerate(metas))
-        )
-    rank = dist.get_rank(group)
-    ranks = dist.get_process_group_ranks(group or dist.group.WORLD)
-    return _Ring(world, rank, ranks[(rank + 1) % world], ranks[rank - 1], group)
+    return _agree(fn, group, error, call)
 
 
-def _check_options(fn: str, is_causal, scale, return_stats, layout="contiguous"):
-    _check_layout(fn, layout)
-    check_flag(fn, "is_causal", is_causal)
-    check_flag(fn, "return_stats", return_stats)
-    if scale is not None:
-        check_real(fn, "scale", scale)
+def _empty_output(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The output ``(..., H, n, Ev)`` when it has no element (a batch, head count,
+    local length or value width of 0), as PyTorch's SDPA gives it. Autograd sees it as
+    a function of ``q, k, v`` with zero gradient (a ``where`` that never picks them,
+    so NaN-safe), so a backward pass gives zeros instead of failing."""
+    never = torch.zeros((), dtype=torch.bool, device=q.device)
+    anchor = torch.where(never, q.sum() + k.sum() + v.sum(), 0.0)
+    return anchor.expand(*q.shape[:-1], v.shape[-1]).contiguous()
 
 
 # --------------------------------------------------------------------------------------
@@ -518,15 +638,25 @@ def ring_attention(
     Under grouped-query attention (``Hkv`` dividing ``H``) only the smaller key/value
     heads travel.
 
-    Every rank must call it with shards of one shape (pad the sequence otherwise); it
-    raises ``ValueError`` on every rank if one rank's shard is wrong, and
-    ``RuntimeError`` without an initialized process group. With ``return_stats=True``
-    it returns ``(out, stats)``, a :class:`CommStats` whose backward fields fill in when
-    the backward pass runs.
+    Every rank must make the same call: shards of one shape (pad the sequence
+    otherwise), dtype (float16, bfloat16, float32 or float64) and kind of device, the
+    same inputs requiring grad, the same ``is_causal``, ``scale`` and ``layout``. The
+    ranks compare their calls in one collective before any data moves, so a wrong
+    argument on any rank, or a difference between ranks, raises the same
+    ``ValueError`` or ``TypeError`` on every rank, instead of leaving the others waiting
+    or gloo aborting on blocks of different sizes; ``RuntimeError`` without an
+    initialized process group. ``H`` must be a multiple of ``Hkv`` (one query head does
+    not broadcast over several key/value heads here) and ``E >= 1``. An output with no
+    element (a batch, head count, local length or ``Ev`` of 0) comes back at once,
+    empty as from SDPA, with zero gradients and no communication. With
+    ``return_stats=True`` it returns ``(out, stats)``, a :class:`CommStats` whose
+    backward fields fill in when the backward pass runs.
     """
     fn = "ring_attention"
-    _check_options(fn, is_causal, scale, return_stats, layout)
-    ring = _check_shards(fn, q, k, v, group)
+    ring = _check_shards(
+        fn, q, k, v, group, is_causal=is_causal, scale=scale,
+        return_stats=return_stats, layout=layout,
+    )  # fmt: skip
     n = q.shape[-2]
     if layout == "zigzag" and n % 2:
         raise ValueError(
@@ -535,6 +665,9 @@ def ring_attention(
         )
     scale = default_scale(scale, q.shape[-1])
     stats = CommStats()
+    if not math.prod((*q.shape[:-1], v.shape[-1])):  # nothing to compute or send
+        out = _empty_output(q, k, v)
+        return (out, stats) if return_stats else out
     q4, k4, v4 = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
     out = _RingAttention.apply(q4, k4, v4, scale, bool(is_causal), layout, ring, stats)
     out = out.reshape(*q.shape[:-1], v.shape[-1])
@@ -606,13 +739,14 @@ def ulysses_attention(
     per rank as ``W`` grows, where the ring sends about one full key and value tensor.
 
     ``H`` (and ``Hkv``) must be divisible by ``W``: it raises ``ValueError`` naming
-    ``n_heads`` and the world size otherwise, as it does for shards of different shapes
-    (see :func:`ring_attention`). ``return_stats=True`` returns ``(out, stats)``, a
-    :class:`CommStats`.
+    ``n_heads`` and the world size otherwise. The other rules, the checks every rank
+    agrees on and the empty output are those of :func:`ring_attention`.
+    ``return_stats=True`` returns ``(out, stats)``, a :class:`CommStats`.
     """
     fn = "ulysses_attention"
-    _check_options(fn, is_causal, scale, return_stats)
-    ring = _check_shards(fn, q, k, v, group)
+    ring = _check_shards(
+        fn, q, k, v, group, is_causal=is_causal, scale=scale, return_stats=return_stats
+    )
     for name, heads in (("n_heads", q.shape[-3]), ("n_kv_heads", k.shape[-3])):
         if heads % ring.world:
             raise ValueError(
@@ -621,6 +755,9 @@ def ulysses_attention(
                 f"{tuple(q.shape)}, k {tuple(k.shape)}); use ring_attention instead"
             )
     stats = CommStats()
+    if not math.prod((*q.shape[:-1], v.shape[-1])):  # nothing to compute or send
+        out = _empty_output(q, k, v)
+        return (out, stats) if return_stats else out
     q4, k4, v4 = (t.reshape(-1, *t.shape[-3:]) for t in (q, k, v))
     qh, kh, vh = (_AllToAll.apply(t, True, ring, stats) for t in (q4, k4, v4))
     out = flash_attention(qh, kh, vh, is_causal=is_causal, scale=scale)
@@ -776,6 +913,47 @@ def _check_on_rank(fn: str, rank, world_size, method, layout, repeat=1) -> None:
             f"{fn}: rank must lie in [0, world_size={world_size}), got {rank}"
         )
     _check_layout(fn, layout)
+    if method == "ulysses" and layout != "contiguous":
+        raise ValueError(
+            f"{fn}: method='ulysses' takes the contiguous layout, got layout={layout!r}"
+        )
+
+
+def _place(fn: str, rank: int, world_size: int, group) -> tuple[int, int]:
+    """This process's rank and world size: those within ``group`` when one is given,
+    else ``rank`` and ``world_size``, which must then be its place among all the
+    processes (with a process group initialized)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return rank, world_size  # _agree says that the group is missing
+    ring = _ring_of(fn, group)
+    if group is None and (rank, world_size) != (ring.rank, ring.world):
+        raise ValueError(
+            f"{fn}: rank={rank} and world_size={world_size} must be this process's "
+            f"place in the process group: rank {ring.rank} of {ring.world}"
+        )
+    return ring.rank, ring.world
+
+
+def _local_shards(fn, rank, world_size, layout, q, k, v, grad_out=None) -> list:
+    """This rank's shards of the full ``q, k, v`` (and ``grad_out``, the output's
+    shape, when given)."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_float(fn, name, t)
+    if grad_out is not None:
+        check_float(fn, "grad_out", grad_out)
+        expected = (*q.shape[:-1], v.shape[-1])
+        if tuple(grad_out.shape) != expected:
+            raise ValueError(
+                f"{fn}: grad_out must have the output's shape {expected} (q's with "
+                f"v's last dimension), got {tuple(grad_out.shape)}"
+            )
+    try:
+        return [
+            None if t is None else shard(t, rank, world_size, layout=layout)
+            for t in (q, k, v, grad_out)
+        ]
+    except ValueError as e:  # the length does not split, or no dim -2
+        raise ValueError(f"{fn}: {e}") from e
 
 
 def attention_on_rank(
@@ -800,22 +978,30 @@ def attention_on_rank(
     Returns ``{"out", "dq", "dk", "dv", "stats"}``: the shards of the output and
     gradients (``None`` without ``grad_out``; :func:`unshard` joins the ranks') and the
     :class:`CommStats`. Bind the flags with ``functools.partial``. With a ``group``,
-    the rank and size within it replace ``rank`` and ``world_size``.
+    the rank and size within it replace ``rank`` and ``world_size``; without one they
+    must be this process's rank and the number of processes. The ranks agree on their
+    arguments before any data moves, as :func:`ring_attention` describes: a wrong
+    argument on any rank (a length that does not split, a ``grad_out`` of the wrong
+    shape or on some ranks only) raises the same error on every rank.
     """
-    _check_on_rank("attention_on_rank", rank, world_size, method, layout)
-    if group is not None:
-        rank, world_size = dist.get_rank(group), dist.get_world_size(group)
-    q, k, v = (
-        shard(t, rank, world_size, layout=layout).requires_grad_(grad_out is not None)
-        for t in (q, k, v)
-    )
+    fn, error = "attention_on_rank", None
+    try:
+        _check_on_rank(fn, rank, world_size, method, layout)
+        rank, world_size = _place(fn, rank, world_size, group)
+        q, k, v, grad_out = _local_shards(
+            fn, rank, world_size, layout, q, k, v, grad_out
+        )
+    except (ValueError, TypeError) as e:
+        error = e
+    _agree(fn, group, error)
+    q, k, v = (t.requires_grad_(grad_out is not None) for t in (q, k, v))
     flags = {"is_causal": is_causal, "scale": scale, "group": group}
     if method == "ring":
         out, stats = ring_attention(q, k, v, layout=layout, return_stats=True, **flags)
     else:
         out, stats = ulysses_attention(q, k, v, return_stats=True, **flags)
     if grad_out is not None:
-        out.backward(shard(grad_out, rank, world_size, layout=layout))
+        out.backward(grad_out)
     return {
         "out": out.detach(),
         "dq": q.grad,
@@ -842,10 +1028,18 @@ def time_on_rank(
 
     Every run starts and ends at a barrier, so the time is that of the slowest rank, the
     one the whole group waits for. Returns ``{"seconds", "stats"}`` (the
-    :class:`CommStats` of the last run).
+    :class:`CommStats` of the last run). It runs on every process (the default group):
+    ``rank`` and ``world_size`` must be this process's, and a wrong argument on any
+    rank raises the same error on every rank (see :func:`attention_on_rank`).
     """
-    _check_on_rank("time_on_rank", rank, world_size, method, layout, repeat)
-    q, k, v = (shard(t, rank, world_size, layout=layout) for t in (q, k, v))
+    fn, error = "time_on_rank", None
+    try:
+        _check_on_rank(fn, rank, world_size, method, layout, repeat)
+        _place(fn, rank, world_size, None)
+        q, k, v, _ = _local_shards(fn, rank, world_size, layout, q, k, v)
+    except (ValueError, TypeError) as e:
+        error = e
+    _agree(fn, None, error)
     grad = torch.ones(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
     best = math.inf
     for run in range(repeat + 1):
@@ -870,7 +1064,10 @@ def time_on_rank(
 def _check_in_turn(rank, world_size, fns) -> None:
     fn = "in_turn"
     check_sizes(fn, world_size=world_size)
-    check_int(fn, "rank", rank, minimum=0)
+    if check_int(fn, "rank", rank, minimum=0) >= world_size:
+        raise ValueError(
+            f"{fn}: rank must lie in [0, world_size={world_size}), got {rank}"
+        )
     bad = [i for i, f in enumerate(fns) if not callable(f)]
     if bad:
         raise TypeError(f"{fn}: fns must be callables, got {[fns[i] for i in bad]!r}")

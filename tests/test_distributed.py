@@ -360,10 +360,11 @@ def test_bad_inputs_raise_clear_errors_on_every_rank(ranks, world):
                 assert errors[name].startswith("ValueError:") and (
                     "the shards differ in length across ranks: L_local = "
                     f"{[3] + [2] * (world - 1)}") in errors[name] and "pad" in errors[name]
-            if i == 1:
-                assert "q and k must have the same last dimension" in errors["one bad rank"]
-            else:
-                assert "the inputs of rank(s) [1] are invalid" in errors["one bad rank"]
+            # one message on every rank: the failing rank and what is wrong there
+            assert errors["one bad rank"] == ranks[members[0]][world, "errors"]["one bad rank"]
+            assert "the inputs of rank(s) [1] of" in errors["one bad rank"]
+            assert "rank 1: ring_attention: q and k must have the same last dimension" in (
+                errors["one bad rank"])
             assert "local length must be even" in errors["zigzag odd"]
             assert "layout must be 'contiguous' or 'zigzag'" in errors["layout"]
 
