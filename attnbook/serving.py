@@ -1184,7 +1184,8 @@ class QuantizedTensor:
     ``data``: ``uint8`` codes in the layout of the tensor; with ``bits=4`` two codes
     share a byte along the last dimension (low nibble first; an odd last dimension is
     padded with one zero code). ``scale`` and ``zero``: the tensor's shape with ``dim``
-    replaced by the number of groups, in the tensor's dtype.
+    replaced by the number of groups, in float32 (float64 for a float64 tensor): a
+    half-precision scale would cost the half-step bound of :func:`quantize`.
     """
 
     data: torch.Tensor
@@ -1234,6 +1235,14 @@ def quantize(
     codes are 0 and it comes back exactly. KIVI (Liu et al., 2024) quantizes keys with
     ``dim`` the token axis (per-channel statistics) and values with ``dim`` the channel
     axis (per-token statistics).
+
+    ``x`` must be finite (a NaN or inf would make its group NaN: ``ValueError``).
+    The arithmetic, ``s`` and ``z`` are float32 at least, for any dtype of ``x``, and
+    :func:`dequantize` returns float32 for a half-precision ``x``: with ``s``, ``x -
+    z`` and ``q s + z`` rounded to bfloat16's 8 bits the error reached 2 steps (0.8 in
+    float16). Rounding ``x_hat`` back to bfloat16 would add half a unit in the last
+    place of ``x``, which can exceed ``s / 2`` when the group's range is small next to
+    its values (near 100 bfloat16 steps by 0.5).
     """
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"quantize: x must be a float tensor, got {type(x).__name__}")
@@ -1260,7 +1269,9 @@ def quantize(
             f"quantize: group_size must be a positive divisor of x.shape[{dim}]={n}, "
             f"got {group_size!r}"
         )
+    _check_finite("quantize", "x", x)
     levels = 2**bits - 1
+    x = x.to(torch.promote_types(x.dtype, torch.float32))
     groups = x.movedim(dim, -1).unflatten(-1, (n // group_size, group_size))
     zero = groups.amin(-1, keepdim=True)
     scale = (groups.amax(-1, keepdim=True) - zero) / levels
@@ -1280,9 +1291,20 @@ def quantize(
     )
 
 
+def _check_finite(fn: str, name: str, x: torch.Tensor) -> None:
+    """No NaN or inf in ``x``: one would make its whole group's scale NaN."""
+    if x.numel() and not bool(x.isfinite().all()):
+        raise ValueError(
+            f"{fn}: {name} must be finite (a NaN or inf makes its group's scale, so "
+            f"every value of the group, NaN), got {x.dtype} {tuple(x.shape)} with "
+            f"{int((~x.isfinite()).sum())} non-finite"
+        )
+
+
 def dequantize(q: QuantizedTensor) -> torch.Tensor:
     """``q.data * scale + zero`` with each group's scale and zero broadcast over its
-    entries: a tensor of ``q.shape`` in the dtype of the scales."""
+    entries: a tensor of ``q.shape`` in the dtype of the scales (float32, or float64
+    for a float64 tensor)."""
     if not isinstance(q, QuantizedTensor):
         raise TypeError(
             f"dequantize: q must be a QuantizedTensor (from quantize), got "
@@ -1348,9 +1370,15 @@ class QuantizedKVCache:
 
     ``update`` appends ``T`` positions ``(batch, n_kv_heads, T, head_dim)`` and returns
     the dequantized keys and values of every position, ``(..., length, head_dim)``
-    in ``dtype``: what a fused kernel would dequantize on the fly. ``nbytes()`` counts
-    what is stored (codes, scales, zeros, residual), not the capacity; ``max_len``
-    bounds the length (:class:`attnbook.kvcache.CacheFullError` past it).
+    in ``dtype``: what a fused kernel would dequantize on the fly. Scales and zeros
+    are float32 (float64 in a float64 cache, see :class:`QuantizedTensor`), so each
+    returned entry is within ``s / 2`` of the entry appended (as cast to ``dtype``)
+    plus one rounding to ``dtype``: half a unit in the last place. In a bfloat16 or
+    float16 cache they cost 8 bytes per group instead of 4, ``bytes_per_token``
+    counts them. A NaN or inf (after the cast to ``dtype``: float16 ends at 65504)
+    raises ``ValueError``: it would make its whole group NaN. ``nbytes()`` counts what
+    is stored (codes, scales, zeros, residual), not the capacity; ``max_len`` bounds
+    the length (:class:`attnbook.kvcache.CacheFullError` past it).
     """
 
     def __init__(
@@ -1406,14 +1434,18 @@ class QuantizedKVCache:
         if new is not None:
             self.quantized[name][layer] = _cat_tokens(self.quantized[name][layer], new)
         stored = self.quantized[name][layer]
-        parts = [] if stored is None else [dequantize(stored)]
+        parts = [] if stored is None else [dequantize(stored).to(self.dtype)]
         return torch.cat(parts + [self.residual[name][layer]], dim=-2)
 
     def update(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        fn = "QuantizedKVCache.update"
         shape = (self.n_layers, *self.leading, self.head_dim)
-        _check_kv_update("QuantizedKVCache.update", shape, layer, k_new, v_new)
+        _check_kv_update(fn, shape, layer, k_new, v_new)
+        k_new, v_new = k_new.to(self.dtype), v_new.to(self.dtype)
+        _check_finite(fn, f"k_new (in {self.dtype})", k_new)
+        _check_finite(fn, f"v_new (in {self.dtype})", v_new)
         n, T = self.lengths[layer], k_new.shape[-2]
         if n + T > self.max_len:
             raise CacheFullError(
@@ -1438,9 +1470,11 @@ class QuantizedKVCache:
         its groups are full: ``ceil(head_dim * bits / 8)`` bytes of codes per head
         plus the scales and zeros, per token (``head_dim / group_size`` of each) or per
         channel (``head_dim`` of each, shared by ``group_size`` tokens): both give ``2
-        head_dim / group_size`` numbers per head and token."""
+        head_dim / group_size`` numbers per head and token, of 4 bytes (8 in a float64
+        cache)."""
         codes = math.ceil(self.head_dim * self.bits / 8)
-        scales = 2 * self.head_dim / self.group_size * self.dtype.itemsize
+        itemsize = torch.promote_types(self.dtype, torch.float32).itemsize
+        scales = 2 * self.head_dim / self.group_size * itemsize
         return 2 * self.n_layers * self.leading[1] * (codes + scales)
 
 

@@ -330,3 +330,68 @@ def test_streaming_losses_of_an_mla_model_read_a_latent_cache():
     mha = TinyGPT(TransformerConfig(vocab_size=32, d_model=16, n_heads=2, n_layers=2)).double()
     with pytest.raises(ValueError, match="streaming_losses: cache must be a cache of keys and values"):
         S.streaming_losses(mha, ids, cache=model.make_cache(1, 18))
+
+
+# ------------------------------------------------------------------ the quantization bound per dtype
+DTYPES = [torch.float32, torch.float16, torch.bfloat16]
+
+
+def drawn_tensor(data, dtype, shape):
+    """Gaussian values times a drawn magnitude plus a drawn offset (a group whose range is
+    small next to its values is where rounding hurts most), cast to ``dtype``: at most
+    about 32,000, inside float16's range."""
+    seed = data.draw(st.integers(0, 10**6), label="seed")
+    magnitude = data.draw(st.sampled_from([1e-3, 0.1, 1.0, 30.0, 300.0]), label="magnitude")
+    offset = data.draw(st.sampled_from([0.0, 1.0, -5.0, 100.0]), label="offset")
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    return ((x + offset) * magnitude).to(dtype)
+
+
+@settings(max_examples=60)
+@given(dtype=st.sampled_from(DTYPES), bits=st.sampled_from([4, 8]), group_size=st.integers(1, 8),
+       groups=st.integers(1, 3), rows=st.integers(1, 4), data=st.data())
+def test_quantize_is_within_half_a_step_in_every_dtype(dtype, bits, group_size, groups, rows, data):
+    """float32, float16 and bfloat16 inputs: float32 scales and zeros, dequantize in float32,
+    and |x - x_hat| <= s / 2 up to float32 arithmetic (bfloat16 arithmetic reached 2 steps,
+    float16 0.8, before the scales went to float32)."""
+    x = drawn_tensor(data, dtype, (rows, group_size * groups))
+    dim = data.draw(st.sampled_from([-1, 1]), label="dim")
+    q = S.quantize(x, bits, dim=dim, group_size=group_size)
+    assert q.scale.dtype == q.zero.dtype == torch.float32
+    back = S.dequantize(q)
+    assert back.dtype == torch.float32 and back.shape == x.shape
+    s = q.scale.double().repeat_interleave(group_size, dim=1)
+    err = (back.double() - x.double()).abs()
+    slack = 4 * torch.finfo(torch.float32).eps * x.double().abs().amax()
+    assert bool((err <= s / 2 * (1 + 1e-6) + slack).all()), float((err / s).max())
+
+
+@settings(max_examples=30)
+@given(dtype=st.sampled_from(DTYPES), bits=st.sampled_from([4, 8]),
+       key_axis=st.sampled_from(["channel", "token"]), chunks=st.lists(st.integers(1, 6), min_size=1, max_size=4),
+       data=st.data())
+def test_a_quantized_cache_returns_entries_within_half_a_step_and_one_rounding(dtype, bits, key_axis, chunks, data):
+    """Each entry a QuantizedKVCache returns, in its dtype, is within s / 2 of the entry
+    appended plus half a unit in the last place of the dtype (the final rounding), s the
+    scale of its group; bytes_per_token counts float32 scales whatever the dtype."""
+    cache = S.QuantizedKVCache(1, 1, 2, 4, 32, bits=bits, group_size=2, key_axis=key_axis, dtype=dtype)
+    ks, vs = [], []
+    for T in chunks:
+        k, v = drawn_tensor(data, dtype, (1, 2, T, 4)), drawn_tensor(data, dtype, (1, 2, T, 4))
+        k_out, v_out = cache.update(0, k, v)
+        ks.append(k), vs.append(v)
+    half_ulp = torch.finfo(dtype).eps / 2
+    for name, out, exact in (("k", k_out, torch.cat(ks, -2)), ("v", v_out, torch.cat(vs, -2))):
+        assert out.dtype == dtype and out.shape == exact.shape
+        q, n = cache.quantized[name][0], exact.shape[-2]
+        s = torch.zeros(exact.shape, dtype=torch.float64)  # the residual is exact
+        if q is not None and cache.axes[name] == "token":
+            s = q.scale.double().repeat_interleave(2, dim=-1)
+        elif q is not None:
+            full = q.shape[-2]
+            s[..., :full, :] = q.scale.double().repeat_interleave(2, dim=-2)
+        err = (out.double() - exact.double()).abs()
+        bound = s / 2 * (1 + 1e-6) + half_ulp * (exact.double().abs() + s) + 1e-30
+        assert bool((err <= bound).all()), (name, float((err - bound).max()))
+        assert n == sum(chunks)
+    assert cache.bytes_per_token == 2 * 2 * (math.ceil(4 * bits / 8) + 2 * 4 / 2 * 4)
