@@ -10,9 +10,11 @@ inputs, and hands the shards back. The parent compares them with PyTorch's
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -102,6 +104,32 @@ def _bad_inputs(world, group) -> dict[str, str]:
     }
 
 
+def _claims_inputs():
+    """Shards with two batch dimensions, (2, 1, H, L, E): the docstrings' ``(...,``."""
+    g = torch.Generator().manual_seed(3)
+    return [torch.randn(2, 1, H, L, E, generator=g, dtype=torch.float64) for _ in range(3)]
+
+
+def _claims(me, world, group, full):
+    """What the docstrings promise beyond equality with SDPA: any leading dimensions
+    (two batch dimensions, none), ``return_stats=False`` giving the output alone, the
+    backward bytes at 0 until backward runs, no gradients without ``grad_out``."""
+    shards = [shard(t, me, world) for t in _claims_inputs()]
+    found = {}
+    for name, f in (("ring", ring_attention), ("ulysses", ulysses_attention)):
+        q, k, v = (t.clone().requires_grad_() for t in shards)
+        out, stats = f(q, k, v, is_causal=True, group=group, return_stats=True)
+        before = dataclasses.replace(stats)  # a copy, before the backward pass
+        alone = f(*shards, is_causal=True, group=group)
+        out.backward(torch.ones_like(out))
+        found[name] = {"out": out.detach(), "alone": alone, "before": before,
+                       "after": stats, "dq": q.grad,
+                       "3-D": f(*(t[0, 0] for t in shards), is_causal=True, group=group)}
+        without = attention_on_rank(me, world, *full[H][:3], method=name, group=group)
+        found[name]["no grad_out"] = [without[g] for g in ("dq", "dk", "dv")]
+    return found
+
+
 def _rank_checks(rank, world, full):
     """Everything the ranks do: W = 4 on the world group, then W = 2 on two pairs and
     W = 1 on each rank alone."""
@@ -122,6 +150,8 @@ def _rank_checks(rank, world, full):
             )  # fmt: skip
         if w > 1:
             found[w, "errors"] = _bad_inputs(w, group)
+        me = rank if group is None else dist.get_rank(group)
+        found[w, "claims"] = _claims(me, w, group, full)
     q, k, v, _ = full[H]
     timed = [functools.partial(time_on_rank, q=q, k=k, v=v, method=method,
                                is_causal=True, layout=layout, repeat=1)
@@ -217,6 +247,34 @@ def test_bfloat16_shards_accumulate_in_float32(ranks, world, case):
                 expected["forward"], expected["backward"])
 
 
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("method", ["ring", "ulysses"])
+def test_leading_dimensions_return_stats_and_backward_stats(ranks, world, method):
+    """The docstrings' claims beyond equality: ``(..., H, n, E)`` shards with two batch
+    dimensions or none; ``return_stats=False`` returns the output alone;
+    ``bytes_sent_backward`` is 0 until the backward pass runs, then the formula's;
+    Ulysses computes one block and skips none; without ``grad_out`` no gradients."""
+    q, k, v = (t.requires_grad_() for t in _claims_inputs())
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    ref.backward(torch.ones_like(ref))
+    formula = ring_bytes_per_rank if method == "ring" else ulysses_bytes_per_rank
+    expected = formula(2, H, L, E, world, 8)
+    for members in GROUPS[world]:
+        found = [ranks[r][world, "claims"][method] for r in members]
+        joined = {name: unshard([f[name] for f in found]) for name in ("out", "dq", "3-D")}
+        torch.testing.assert_close(joined["out"], ref.detach(), atol=1e-12, rtol=0)
+        torch.testing.assert_close(joined["dq"], q.grad, atol=1e-12, rtol=0)
+        torch.testing.assert_close(joined["3-D"], ref.detach()[0, 0], atol=1e-12, rtol=0)
+        for f in found:
+            assert torch.equal(f["alone"], f["out"])
+            assert (f["before"].bytes_sent, f["before"].bytes_sent_backward) == (
+                expected["forward"], 0)
+            assert f["after"].bytes_sent_backward == expected["backward"]
+            if method == "ulysses":
+                assert (f["after"].blocks_computed, f["after"].blocks_skipped) == (1, 0)
+            assert f["no grad_out"] == [None, None, None]
+
+
 # --------------------------------------------------------------------------------------
 # Communication and work
 # --------------------------------------------------------------------------------------
@@ -240,6 +298,69 @@ def test_the_formulas_by_hand():
     # q, k, v, out: 4 shards of 4 heads x 2 positions; 3 of their 4 pieces leave: 24
     # elements of 2 bytes
     assert ulysses_bytes_per_rank(1, 4, 8, 1, 4, 2) == {"forward": 48, "backward": 48}
+
+
+@given(
+    batch=st.integers(1, 3), kv_heads=st.integers(1, 4), group=st.integers(1, 3),
+    n=st.integers(1, 6), head_dim=st.integers(1, 8), value_dim=st.integers(1, 8),
+    world=st.integers(1, 8), bytes_per_elem=st.sampled_from([1, 2, 4, 8]),
+)  # fmt: skip
+def test_the_byte_formulas_keep_their_docstrings_promises(
+    batch, kv_heads, group, n, head_dim, value_dim, world, bytes_per_elem
+):
+    heads, seq_len = kv_heads * group, world * n
+    args = (batch, heads, seq_len, head_dim, world, bytes_per_elem)
+    sizes = {"kv_heads": kv_heads, "value_dim": value_dim}
+    ring = ring_bytes_per_rank(*args, **sizes)
+    # the ring: the key/value blocks (only the key/value heads) make W - 1 hops, and the
+    # backward pass adds the dK, dV accumulators' W hops in float32 or wider
+    block = batch * kv_heads * n * (head_dim + value_dim)
+    assert ring["forward"] == (world - 1) * block * bytes_per_elem
+    assert ring["backward"] - ring["forward"] == (
+        world * block * max(bytes_per_elem, 4) if world > 1 else 0)
+    # about 2 L D per key/value head, however many ranks share the sequence
+    per_head = ring["forward"] / (batch * kv_heads * bytes_per_elem)
+    assert per_head <= seq_len * (head_dim + value_dim)
+    assert world == 1 or per_head >= seq_len * (head_dim + value_dim) / 2
+    if heads % world or kv_heads % world:
+        return
+    uly = ulysses_bytes_per_rank(*args, **sizes)
+    assert uly["forward"] == uly["backward"]
+    # Ulysses, multi-head: 4 (W - 1) / W^2 of a full tensor; at most the ring's
+    full = batch * heads * seq_len * head_dim * bytes_per_elem
+    mha = ulysses_bytes_per_rank(*args)
+    assert mha["forward"] * world**2 == 4 * (world - 1) * full
+    assert mha["forward"] <= ring_bytes_per_rank(*args)["forward"]
+
+
+@given(world=st.integers(1, 6), chunk=st.integers(0, 5))
+def test_pairs_per_rank_closed_forms_for_any_size(world, chunk):
+    """pairs_per_rank's docstring: contiguous ``n^2 (r + 1/2) + n / 2``, zigzag
+    ``c^2 (2 W - 1) + c (c + 1)`` on every rank, ``n * seq_len`` without the mask;
+    together, every causal pair once."""
+    c = chunk
+    n, seq_len = 2 * c, 2 * c * world
+    contiguous = pairs_per_rank(seq_len, world)
+    assert [2 * p for p in contiguous] == [n * n * (2 * r + 1) + n for r in range(world)]
+    zigzag = pairs_per_rank(seq_len, world, layout="zigzag")
+    assert zigzag == [c * c * (2 * world - 1) + c * (c + 1)] * world
+    assert sum(contiguous) == sum(zigzag) == seq_len * (seq_len + 1) // 2
+    assert pairs_per_rank(seq_len, world, is_causal=False) == [n * seq_len] * world
+
+
+@given(
+    world=st.integers(1, 5), chunk=st.integers(0, 3),
+    layout=st.sampled_from(["contiguous", "zigzag"]),
+)  # fmt: skip
+def test_shard_is_index_select_of_shard_positions(world, chunk, layout):
+    seq_len = 2 * world * chunk
+    x = torch.randn(2, seq_len, 3)
+    for r in range(world):
+        positions = shard_positions(r, world, seq_len, layout=layout)
+        assert positions.dtype == torch.int64 and positions.shape == (seq_len // world,)
+        assert torch.equal(shard(x, r, world, layout=layout), x.index_select(-2, positions))
+        if layout == "contiguous":
+            assert positions.tolist() == list(range(r * 2 * chunk, (r + 1) * 2 * chunk))
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
@@ -344,6 +465,26 @@ def test_largest_context_is_zero_when_the_weights_do_not_fit():
     assert largest_context(10 * 10**9, 8, **LLAMA_3_8B) == 0
 
 
+@given(
+    gpu_gb=st.integers(17, 200), world=st.sampled_from([1, 2, 4, 8]),
+    multiple=st.integers(1, 4096), method=st.sampled_from(["ring", "ulysses"]),
+)  # fmt: skip
+def test_largest_context_for_any_memory_and_rounding(gpu_gb, world, multiple, method):
+    """The longest multiple of ``multiple * world`` tokens that fits, and the total
+    the weights plus a fixed cost per local token (linear in seq_len)."""
+    gpu, step = gpu_gb * 10**9, multiple * world
+    longest = largest_context(gpu, world, multiple=multiple, method=method, **LLAMA_3_8B)
+    assert longest % step == 0
+
+    def total(seq_len):
+        return context_memory_bytes(seq_len, world, method=method, **LLAMA_3_8B)["total"]
+
+    assert longest == 0 or total(longest) <= gpu
+    assert total(longest + step) > gpu
+    weights = 2 * LLAMA_3_8B["n_params"]
+    assert total(3 * step) - weights == 3 * (total(step) - weights)
+
+
 # --------------------------------------------------------------------------------------
 # Bad input: every rank raises, none hangs
 # --------------------------------------------------------------------------------------
@@ -392,6 +533,17 @@ def test_run_on_ranks_reports_a_failing_rank_and_stops_the_others():
 
 def _die(rank, world):
     os._exit(3)
+
+
+def _sleep(rank, world):
+    time.sleep(60)
+
+
+def test_run_on_ranks_gives_up_after_its_timeout():
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match=r"no result from ranks \[0\] in 2 s"):
+        run_on_ranks(_sleep, 1, timeout=2)
+    assert time.monotonic() - start < 30  # the sleeping rank was stopped, not awaited
 
 
 def test_run_on_ranks_reports_a_rank_that_dies_without_a_result():
