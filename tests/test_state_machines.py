@@ -108,6 +108,22 @@ def run_decode(q, k_cache, v_cache, lengths):
     return decode_attention(q[:, :, None], k_cache, v_cache, seqlens)[:, :, 0]
 
 
+def bad_layers(n_layers: int):
+    """Layer indices a cache of ``n_layers`` must refuse: negative (a list would read
+    another layer), past the last, and not integers at all."""
+    return st.one_of(
+        st.integers(-4, -1),
+        st.integers(n_layers, n_layers + 3),
+        st.sampled_from([0.0, 1.5, True, False, "0", None]),
+    )
+
+
+def refuses_layer(call, layer) -> None:
+    """``call(layer)`` raises ``ValueError`` or ``TypeError`` naming ``layer``."""
+    with pytest.raises((ValueError, TypeError), match="layer"):
+        call(layer)
+
+
 # ======================================================================================
 # 1. KV caches
 # ======================================================================================
@@ -276,6 +292,13 @@ class LatentCacheMachine(AppendCacheMachine):
             c = c[..., :-1]
         with pytest.raises(ValueError):
             self.cache.update(layer, c, r)
+
+    @rule(data=st.data())
+    def reject_bad_layer(self, data):
+        """Any layer outside ``[0, n_layers)`` or not an int: refused, nothing changes."""
+        c, r = self.entries(0, 1)
+        layer = data.draw(bad_layers(self.n_layers), label="layer")
+        refuses_layer(lambda bad: self.cache.update(bad, c, r), layer)
 
     # no per-head keys to decode against
     decode = None
@@ -530,6 +553,32 @@ class SinkCacheMachine(RingCacheMachine):
         sinks = list(range(min(self.n_sink, N)))
         return sinks + [p for p in range(max(0, N - max(self.window, T)), N) if p >= self.n_sink]
 
+    @rule(data=st.data())
+    def reject_bad_layer(self, data):
+        """``update``, ``positions`` and ``retained`` refuse a layer outside ``[0,
+        n_layers)`` or not an int (``-1`` read the last layer's data, a layer past the
+        end raised IndexError); nothing changes."""
+        k = randn(0, self.B, self.Hk, 1, self.D)
+        layer = data.draw(bad_layers(self.n_layers), label="layer")
+        refuses_layer(lambda bad: self.cache.update(bad, k, k), layer)
+        refuses_layer(self.cache.positions, layer)
+        refuses_layer(self.cache.retained, layer)
+
+    @rule(bad=st.sampled_from(["int k", "int v", "T=0", "shape"]))
+    def reject_bad_update(self, bad):
+        """What ``KVCache.update`` refuses (integer tensors were cast silently)."""
+        k, v = randn(0, self.B, self.Hk, 1, self.D), randn(1, self.B, self.Hk, 1, self.D)
+        if bad == "int k":
+            k = k.long()
+        elif bad == "int v":
+            v = v.to(torch.int32)
+        elif bad == "T=0":
+            k, v = k[..., :0, :], v[..., :0, :]
+        else:
+            k, v = k[..., :-1], v[..., :-1]
+        with pytest.raises((ValueError, TypeError), match="k_new|v_new"):
+            self.cache.update(0, k, v)
+
     @invariant()
     def positions_are_the_sinks_and_the_window(self):
         for layer in range(self.n_layers):
@@ -664,6 +713,30 @@ class QuantizedCacheMachine(RuleBasedStateMachine):
 
         with pytest.raises(TypeError):
             truncate_cache(self.cache, 0)
+
+    @rule(data=st.data())
+    def reject_bad_layer(self, data):
+        k = randn(0, 1, self.Hk, 1, self.D)
+        layer = data.draw(bad_layers(self.n_layers), label="layer")
+        refuses_layer(lambda bad: self.cache.update(bad, k, k), layer)
+
+    @rule(bad=st.sampled_from(["int k", "int v", "nan", "inf", "T=0"]))
+    def reject_bad_update(self, bad):
+        """What ``KVCache.update`` refuses, and a NaN or inf (it would poison its whole
+        group): refused before anything changes."""
+        k, v = randn(0, 1, self.Hk, 1, self.D), randn(1, 1, self.Hk, 1, self.D)
+        if bad == "int k":
+            k = k.long()
+        elif bad == "int v":
+            v = v.to(torch.uint8)
+        elif bad == "nan":
+            k = k.index_fill(-1, torch.tensor([0]), float("nan"))
+        elif bad == "inf":
+            v = v.index_fill(-1, torch.tensor([0]), float("inf"))
+        else:
+            k, v = k[..., :0, :], v[..., :0, :]
+        with pytest.raises((ValueError, TypeError), match="k_new|v_new"):
+            self.cache.update(0, k, v)
 
     @rule()
     def reset(self):
