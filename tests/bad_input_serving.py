@@ -284,6 +284,8 @@ ROWS = [
         ("outlier_channel_ratio", "k")),
     Bad("outlier_channel_ratio", "empty", lambda: S.outlier_channel_ratio(torch.randn(2, 0, 4)),
         ("outlier_channel_ratio", "k")),
+    Edge("outlier_channel_ratio", "zero", lambda: S.outlier_channel_ratio(torch.zeros(2, 3, 4)),
+         lambda r: r.shape == (2,) and bool(r.isnan().all())),
     Bad("outlier_channel_ratio", "integer-dtype", lambda: S.outlier_channel_ratio(_KV.long()),
         ("outlier_channel_ratio", "k")),
     # continuous batching

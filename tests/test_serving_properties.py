@@ -395,3 +395,136 @@ def test_a_quantized_cache_returns_entries_within_half_a_step_and_one_rounding(d
         assert bool((err <= bound).all()), (name, float((err - bound).max()))
         assert n == sum(chunks)
     assert cache.bytes_per_token == 2 * 2 * (math.ceil(4 * bits / 8) + 2 * 4 / 2 * 4)
+
+
+# ------------------------------------------------------------------ docstring claims, one by one
+def distributions(data, shape, label):
+    """Random distributions over the last dimension, some entries exactly 0."""
+    w = torch.tensor(data.draw(st.lists(st.sampled_from([0.0, 0.1, 0.5, 1.0, 2.0, 7.0]),
+                                        min_size=math.prod(shape), max_size=math.prod(shape)),
+                               label=label), dtype=torch.float64).view(shape)
+    w[..., 0] += 0.25  # no empty row
+    return w / w.sum(-1, keepdim=True)
+
+
+@given(rows=st.integers(1, 3), vocab=st.integers(1, 6), data=st.data())
+def test_one_minus_acceptance_probability_is_the_total_variation_distance(rows, vocab, data):
+    p, q = distributions(data, (rows, vocab), "p"), distributions(data, (rows, vocab), "q")
+    beta = S.acceptance_probability(p, q)
+    torch.testing.assert_close(1 - beta, 0.5 * (p - q).abs().sum(-1))
+    assert bool(((beta >= 0) & (beta <= 1 + 1e-12)).all())
+    torch.testing.assert_close(beta, S.acceptance_probability(q, p))
+
+
+@given(B=st.integers(1, 3), k=st.integers(0, 4), vocab=st.integers(1, 5), data=st.data())
+def test_with_one_hot_p_and_q_the_acceptance_rule_is_deterministic(B, k, vocab, data):
+    """Temperature 0: accept while the draft's argmax is the target's, then the target's
+    argmax, whatever the generator draws."""
+    ids = st.integers(0, vocab - 1)
+    target = torch.tensor(data.draw(st.lists(ids, min_size=B * (k + 1), max_size=B * (k + 1)))).view(B, k + 1)
+    draft = torch.tensor(data.draw(st.lists(ids, min_size=B * k, max_size=B * k)), dtype=torch.long).view(B, k)
+    p = torch.nn.functional.one_hot(target, vocab).double()
+    q = torch.nn.functional.one_hot(draft, vocab).double()
+    for seed in range(3):
+        n, token = S.speculative_accept(p, q, draft, generator=torch.Generator().manual_seed(seed))
+        for b in range(B):
+            agree = 0
+            while agree < k and draft[b, agree] == target[b, agree]:
+                agree += 1
+            assert int(n[b]) == agree and int(token[b]) == int(target[b, agree])
+
+
+@given(alpha=st.floats(0, 1), k=st.integers(0, 8), cost=st.floats(0, 2))
+def test_expected_tokens_per_call_is_the_sum_of_powers_and_the_speedup_divides_it(alpha, k, cost):
+    tokens = S.expected_tokens_per_call(alpha, k)
+    assert tokens == pytest.approx(sum(alpha**i for i in range(k + 1)), rel=1e-9, abs=1e-12)
+    assert 1 <= tokens <= k + 1 + 1e-12
+    assert S.expected_speedup(alpha, k, cost) == pytest.approx(tokens / (k * cost + 1), rel=1e-12)
+
+
+def test_speculative_stats_properties_and_counts():
+    """acceptance_rate is accepted / proposed (nan with none proposed); tokens per target
+    call is generated / target_calls (0 with no call); a draft equal to the target gives
+    k + 1 tokens a call."""
+    assert math.isnan(S.SpeculativeStats().acceptance_rate)
+    assert S.SpeculativeStats().tokens_per_target_call == 0.0
+    assert S.SpeculativeStats(proposed=8, accepted=6).acceptance_rate == 0.75
+    target = loud_gpt(torch.float64)
+    prompt = torch.tensor([[1, 2, 3]])
+    _, stats = S.speculative_generate(target, target, prompt, 0)
+    assert (stats.target_calls, stats.tokens_per_target_call) == (0, 0.0)
+    _, stats = S.speculative_generate(target, target, prompt, 12, k=3)
+    assert stats.tokens_per_target_call == 4 and stats.acceptance_rate == 1.0
+    assert stats.draft_calls == stats.proposed == 9  # the last round drafts none past 12
+
+
+@given(dtype=st.sampled_from(DTYPES + [torch.float64]), bits=st.sampled_from([4, 8]),
+       group_size=st.integers(2, 8), data=st.data())
+def test_quantize_gives_back_each_groups_minimum_exactly_and_its_maximum_up_to_rounding(dtype, bits, group_size, data):
+    x = drawn_tensor(data, dtype, (3, group_size))
+    back = S.dequantize(S.quantize(x, bits, dim=-1))
+    wide = x.to(back.dtype)
+    lo, hi = wide.argmin(-1, keepdim=True), wide.argmax(-1, keepdim=True)
+    assert torch.equal(back.gather(-1, lo), wide.gather(-1, lo))
+    eps = torch.finfo(back.dtype).eps
+    err = (back.gather(-1, hi) - wide.gather(-1, hi)).abs()
+    assert bool((err <= 4 * eps * wide.abs().amax(-1, keepdim=True)).all())
+
+
+@given(shape=st.lists(st.integers(1, 3), min_size=0, max_size=2), seq=st.integers(1, 6),
+       head_dim=st.integers(1, 7), seed=st.integers(0, 1000))
+def test_outlier_channel_ratio_is_the_largest_channel_over_the_median_written_out(shape, seq, head_dim, seed):
+    k = torch.randn(*shape, seq, head_dim, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    got = S.outlier_channel_ratio(k)
+    assert got.shape == tuple(shape)
+    for index in (torch.cartesian_prod(*[torch.arange(n) for n in shape]).view(-1, len(shape)).tolist()
+                  if shape else [[]]):
+        m = sorted(float(k[tuple(index)][:, c].abs().mean()) for c in range(head_dim))
+        assert float(got[tuple(index)]) == pytest.approx(m[-1] / m[(head_dim - 1) // 2], rel=1e-12)
+    assert S.outlier_channel_ratio(torch.zeros(1, 3, 4)).isnan().all()
+
+
+def test_mla_projections_have_no_bias_and_the_sink_cache_holds_n_sink_plus_window_slots():
+    m = S.MultiHeadLatentAttention(8, 2, 5, 4, q_latent_dim=3)
+    assert all(layer.bias is None for layer in m.modules() if isinstance(layer, torch.nn.Linear))
+    cache = S.SinkKVCache(2, 1, 1, 1, n_sink=3, window=4)
+    for _ in range(5):
+        cache.update(0, torch.zeros(1, 1, 6, 1), torch.zeros(1, 1, 6, 1))
+    assert cache.k.shape[3] == cache.v.shape[3] == 3 + 4 and cache.length == 0 and cache.lengths[0] == 30
+
+
+@settings(max_examples=6)
+@given(n_requests=st.integers(1, 10), rate=st.sampled_from([0.2, 1.0, 4.0]), max_batch=st.integers(1, 4),
+       block_size=st.sampled_from([2, 4]), seed=st.integers(0, 100))
+def test_schedulers_admit_first_come_first_served_and_static_batches_start_when_full(
+        n_requests, rate, max_batch, block_size, seed):
+    """Continuous batching: first tokens in arrival order (first come, first served), at most
+    max_batch running and the pool never exceeded. Static batching, with a pool that never
+    binds: consecutive groups of max_batch in arrival order (the last one smaller), each
+    starting the step after its last member arrived and the previous group returned, every
+    member finishing with its longest; every layer of the paged cache takes the same blocks."""
+    torch.manual_seed(0)
+    model = TinyGPT(TransformerConfig(vocab_size=32, d_model=16, n_heads=2, n_layers=2)).eval()
+    trace = S.synthetic_trace(n_requests, generator=torch.Generator().manual_seed(seed), prompt_len=(1, 6),
+                              output_len=(1, 9), arrival_rate=rate)
+    order = sorted(trace, key=lambda r: (r.arrival_step, r.id))
+    need = max(-(-(r.prompt_len + r.output_len - 1) // block_size) for r in trace)
+    small = S.PagedModel(model, n_blocks=need + 1, block_size=block_size, max_len=64)
+    result = S.continuous_batching(trace, small, max_batch=max_batch)
+    firsts = [result.timings[r.id].first_token for r in order]
+    assert firsts == sorted(firsts) and max(result.running) <= max_batch
+    assert max(result.blocks_in_use) <= need + 1
+    engine = S.PagedModel(model, n_blocks=need * max_batch, block_size=block_size, max_len=64)
+    result = S.static_batching(trace, engine, max_batch=max_batch)
+    previous_finish = 0
+    for start in range(0, n_requests, max_batch):
+        batch = order[start : start + max_batch]
+        first = {result.timings[r.id].first_token for r in batch}
+        assert first == {max(previous_finish, batch[-1].arrival_step) + 1}
+        finish = {result.timings[r.id].finish for r in batch}
+        assert finish == {first.pop() + max(r.output_len for r in batch) - 1}
+        previous_finish = finish.pop()
+    engine = S.PagedModel(model, n_blocks=8, block_size=block_size)
+    engine.prefill(S.Request(99, 5, 1, 0, (1, 2, 3, 4, 5)))
+    engine.decode([99], [7])
+    assert engine.caches[0].block_tables == engine.caches[1].block_tables != {}
