@@ -947,9 +947,9 @@ def _local_shards(fn, rank, world_size, layout, q, k, v, grad_out=None) -> list:
                 f"{fn}: grad_out must have the output's shape {expected} (q's with "
                 f"v's last dimension), got {tuple(grad_out.shape)}"
             )
-    try:
+    try:  # detached: the rank differentiates with respect to its own shards
         return [
-            None if t is None else shard(t, rank, world_size, layout=layout)
+            None if t is None else shard(t.detach(), rank, world_size, layout=layout)
             for t in (q, k, v, grad_out)
         ]
     except ValueError as e:  # the length does not split, or no dim -2

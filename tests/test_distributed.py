@@ -125,8 +125,12 @@ def _claims(me, world, group, full):
         found[name] = {"out": out.detach(), "alone": alone, "before": before,
                        "after": stats, "dq": q.grad,
                        "3-D": f(*(t[0, 0] for t in shards), is_causal=True, group=group)}
-        without = attention_on_rank(me, world, *full[H][:3], method=name, group=group)
+        # full tensors that require grad themselves: the rank's shards are its own leaves
+        leaves = [t.clone().requires_grad_() for t in full[H][:3]]
+        without = attention_on_rank(me, world, *leaves, method=name, group=group)
         found[name]["no grad_out"] = [without[g] for g in ("dq", "dk", "dv")]
+        found[name]["leaves"] = attention_on_rank(
+            me, world, *leaves, full[H][3], method=name, is_causal=True, group=group)
     return found
 
 
@@ -253,7 +257,8 @@ def test_leading_dimensions_return_stats_and_backward_stats(ranks, world, method
     """The docstrings' claims beyond equality: ``(..., H, n, E)`` shards with two batch
     dimensions or none; ``return_stats=False`` returns the output alone;
     ``bytes_sent_backward`` is 0 until the backward pass runs, then the formula's;
-    Ulysses computes one block and skips none; without ``grad_out`` no gradients."""
+    Ulysses computes one block and skips none; without ``grad_out`` no gradients; full
+    tensors that require grad give the same shards and gradients as any."""
     q, k, v = (t.requires_grad_() for t in _claims_inputs())
     ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
     ref.backward(torch.ones_like(ref))
@@ -273,6 +278,11 @@ def test_leading_dimensions_return_stats_and_backward_stats(ranks, world, method
             if method == "ulysses":
                 assert (f["after"].blocks_computed, f["after"].blocks_skipped) == (1, 0)
             assert f["no grad_out"] == [None, None, None]
+        case = (method, "contiguous", True, H)
+        for r in members:
+            leaves, plain = ranks[r][world, "claims"][method]["leaves"], ranks[r][world, case]
+            for name in ("out", "dq", "dk", "dv"):
+                torch.testing.assert_close(leaves[name], plain[name], atol=0, rtol=0)
 
 
 # --------------------------------------------------------------------------------------
