@@ -123,6 +123,8 @@ ROWS = [
     Bad("time_on_rank", "out-of-range", lambda: D.time_on_rank(0, 2, _X, _X, _X, method="ulysses", layout="zigzag"),
         ("time_on_rank", "layout")),
     Bad("time_on_rank", "wrong-type", lambda: D.time_on_rank(0, 1, "q", _X, _X), ("time_on_rank", "q")),
+    Bad("time_on_rank", "wrong-type", lambda: D.time_on_rank(0, 1, _X, _X, _X), ("time_on_rank", _NO_GROUP),
+        error=RuntimeError),
     Bad("time_on_rank", "zero", lambda: D.time_on_rank(0, 1, _X, _X, _X, repeat=0), ("time_on_rank", "repeat")),
     Bad("time_on_rank", "non-integer", lambda: D.time_on_rank(0.5, 1, _X, _X, _X), ("time_on_rank", "rank")),
     Bad("in_turn", "wrong-type", lambda: D.in_turn(0, 1, _rank_fn, "f"), ("in_turn", "fns")),
