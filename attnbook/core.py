@@ -22,6 +22,7 @@ import math
 import torch
 from torch import nn
 
+from ._random import multinomial, uniform
 from .contract import (
     attention_mask,
     check_attn_mask,
@@ -337,7 +338,7 @@ def scaled_dot_product_attention(
     weights = masked_softmax(scores, attn_mask)
     if dropout_p > 0.0:
         keep = (
-            torch.rand(weights.shape, generator=generator, device=weights.device)
+            uniform(weights.shape, generator=generator, device=weights.device)
             >= dropout_p
         )
         weights = weights * keep / (1.0 - dropout_p)
@@ -386,7 +387,7 @@ def hard_attention_weights(
     else:  # "sample"
         flat = soft.reshape(-1, soft.shape[-1])
         flat = torch.where(flat.sum(-1, keepdim=True) > 0, flat, torch.ones_like(flat))
-        index = torch.multinomial(flat, 1, generator=generator).reshape(
+        index = multinomial(flat, 1, generator=generator).reshape(
             *soft.shape[:-1], 1
         )
     one_hot = torch.zeros_like(soft).scatter_(-1, index, 1.0)

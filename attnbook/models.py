@@ -60,6 +60,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ._random import multinomial, uniform
 from .serving import LatentKVCache, MultiHeadLatentAttention
 from .contract import check_sizes as _check_sizes
 from .contract import check_key_padding_mask
@@ -1226,7 +1227,7 @@ def _next_token(
     # float32 at least, less the maximum: float16 logits / 1e-4 overflow to inf (NaN)
     logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
     logits = (logits - logits.amax(-1, keepdim=True)) / temperature
-    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
+    return multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
 
 
 class TinyEncoder(_Transformer):
@@ -1529,7 +1530,7 @@ def drophead_mask(
     check_int("drophead_mask", "batch_size", batch_size, 0)
     _check_rate("drophead_mask", "p", p)
     shape = (n_layers, batch_size, n_heads)
-    keep = torch.rand(shape, generator=generator, device=device) >= p
+    keep = uniform(shape, generator=generator, device=device) >= p
     kept = keep.sum(-1, keepdim=True)
     return keep * (n_heads / kept.clamp_min(1))
 

@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from ._random import multinomial, uniform
 from .contract import (
     check_attn_mask,
     check_cache_update,
@@ -711,7 +712,7 @@ def speculative_accept(
     B, k, V = q.shape
     p_x = p[:, :k].gather(-1, draft_tokens[..., None])[..., 0]
     q_x = q.gather(-1, draft_tokens[..., None])[..., 0]
-    r = torch.rand((B, k), generator=generator, dtype=p.dtype, device=p.device)
+    r = uniform((B, k), generator=generator, dtype=p.dtype, device=p.device)
     accept = r * q_x < p_x  # r < p(x) / q(x), without dividing by q(x)
     n = accept.long().cumprod(-1).sum(-1)  # accepted before the first rejection
     # a zero row after q makes the residual at n = k the bonus distribution p_{k+1}
@@ -721,7 +722,7 @@ def speculative_accept(
     residual = (p_n - q_pad.gather(1, at_n)[:, 0]).clamp_min(0.0)
     # p == q up to rounding leaves no residual mass: any sample of p is right then
     residual = torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_n)
-    token = torch.multinomial(residual, 1, generator=generator)[:, 0]
+    token = multinomial(residual, 1, generator=generator)[:, 0]
     return n, token
 
 
@@ -832,7 +833,7 @@ def _speculate(target, draft, idx, max_new_tokens, k, temperature, top_k, genera
         for _ in range(k_round):  # the draft proposes, one token per pass
             logits = draft(seq[:, draft_cache.length :], cache=draft_cache)[:, -1]
             q.append(sampling_probs(logits, temperature, top_k))
-            seq = torch.cat((seq, torch.multinomial(q[-1], 1, generator=generator)), 1)
+            seq = torch.cat((seq, multinomial(q[-1], 1, generator=generator)), 1)
         # the target scores every proposal, and the position after, in one pass
         logits = target(seq[:, target_cache.length :], cache=target_cache)
         p = sampling_probs(logits[:, -(k_round + 1) :], temperature, top_k)

@@ -34,6 +34,9 @@ import triton.language as tl
 
 from ..contract import check_decode, check_int, check_real, check_sizes
 from . import triton_missing
+from ._compat import mend_interpreter
+
+mend_interpreter()  # older Triton interpreters and NumPy 2.5: see _compat
 
 __all__ = ["MAX_HEAD_DIM", "decode_attention", "default_num_splits", "variants"]
 

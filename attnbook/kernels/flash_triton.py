@@ -40,7 +40,10 @@ import triton.language as tl
 
 from ..contract import check_attention_options, check_int, check_qkv, check_sizes
 from . import tuning
+from ._compat import mend_interpreter
 from .tuning import Config, padded_head_dim
+
+mend_interpreter()  # older Triton interpreters and NumPy 2.5: see _compat
 
 __all__ = [
     "MAX_HEAD_DIM",

@@ -48,6 +48,9 @@ import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
 from ..contract import check_flag, check_float, check_int  # noqa: E402
+from ._compat import mend_interpreter  # noqa: E402
+
+mend_interpreter()  # older Triton interpreters and NumPy 2.5: see _compat
 
 __all__ = [
     "BLOCK",
