@@ -791,14 +791,21 @@ def _check_optional_sizes(fn: str, **sizes) -> None:
     check_sizes(fn, **{name: v for name, v in sizes.items() if v is not None})
 
 
-def _check_groups(fn: str, heads: int, kv_heads: int) -> None:
-    """``kv_heads`` divides ``heads``: grouped-query attention shares each key/value
-    head among ``heads / kv_heads`` query heads."""
+def _check_groups(fn: str, heads: int, kv_heads: int, world: int | None = None):
+    """``kv_heads`` divides ``heads`` (grouped-query attention shares each key/value
+    head among ``heads / kv_heads`` query heads); with ``world``, Ulysses' split of
+    the heads: ``world`` divides both."""
     if heads % kv_heads:
         raise ValueError(
             f"{fn}: kv_heads={kv_heads} must divide heads={heads}: grouped-query "
             "attention shares each key/value head among heads / kv_heads query heads"
         )
+    for name, h in (("heads", heads), ("kv_heads", kv_heads)):
+        if world is not None and h % world:
+            raise ValueError(
+                f"{fn}: {name}={h} is not divisible by world={world}: Ulysses gives "
+                f"each rank {name} / world heads"
+            )
 
 
 def ring_bytes_per_rank(
@@ -858,7 +865,8 @@ def ulysses_bytes_per_rank(
         value_dim)``
 
     elements of ``bytes_per_elem``. The backward pass sends ``dO`` one way and ``dQ,
-    dK, dV`` the other: the same. ``kv_heads`` must divide ``heads`` (``ValueError``
+    dK, dV`` the other: the same. As in :func:`ulysses_attention`, ``world`` must
+    divide ``heads`` and ``kv_heads``, and ``kv_heads`` divide ``heads`` (``ValueError``
     otherwise).
     """
     fn = "ulysses_bytes_per_rank"
@@ -867,7 +875,7 @@ def ulysses_bytes_per_rank(
     _check_optional_sizes(fn, kv_heads=kv_heads, value_dim=value_dim)
     kv_heads = heads if kv_heads is None else kv_heads
     value_dim = head_dim if value_dim is None else value_dim
-    _check_groups(fn, heads, kv_heads)
+    _check_groups(fn, heads, kv_heads, world)
     shards = batch * n * (heads + kv_heads) * (head_dim + value_dim)
     sent = shards * (world - 1) // world * bytes_per_elem
     return {"forward": sent, "backward": sent}

@@ -616,12 +616,11 @@ def test_the_comm_bytes_cases_and_slips_follow_the_closed_forms(salt):
     for _ in range(300):  # and the book's rounding agrees everywhere
         world = int(torch.randint(1, 9, (1,), generator=gen))
         b, h, n, d, size = (int(x) for x in torch.randint(1, 50, (5,), generator=gen))
-        cases += [(m, b, h, world * n, d, world, size) for m in ("ring", "ulysses")]
+        cases += [(m, b, world * h, world * n, d, world, size) for m in ("ring", "ulysses")]
     for case in cases:
         method, *args = case
-        ring = ring_bytes_per_rank(*args)["forward"]
-        ulysses = ulysses_bytes_per_rank(*args)["forward"]
-        expected = ring if method == "ring" else ulysses
+        per_rank = {"ring": ring_bytes_per_rank, "ulysses": ulysses_bytes_per_rank}
+        expected = per_rank[method](*args)["forward"]
         assert distributed._comm_reference(case) == expected
         assert distributed._comm_bytes(case) == expected == _comm(*case)
     for slip in distributed._COMM_SLIPS:  # each slip shows on the check's cases

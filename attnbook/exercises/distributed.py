@@ -289,7 +289,7 @@ def _comm_cases(gen: torch.Generator) -> list[tuple]:
     for method in ("ring", "ulysses"):
         cases += [
             (method, 1, 32, 131072, 128, 8, 2),
-            (method, 2, 4, 12, 8, 3, 4),
+            (method, 2, 6, 12, 8, 3, 4),  # Ulysses: the heads split over the ranks
             (method, 1, 8, 4096, 64, 4, 1),
             (method, 3, 2, 10, 4, 1, 2),  # one rank: nothing to send
         ]
