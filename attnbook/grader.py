@@ -33,7 +33,6 @@ import ast
 import base64
 import contextlib
 import csv
-import io
 import os
 import queue
 import re
@@ -44,7 +43,6 @@ import sys
 import tempfile
 import threading
 import time
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +58,8 @@ __all__ = [
     "KernelGone",
     "CallTimeout",
     "Untrusted",
+    "MACHINERY",
+    "machinery_writes",
     "RemoteFunction",
     "isolation_for",
     "summary",
@@ -87,16 +87,6 @@ NOTEBOOK = "*"  # the label of a row about the whole notebook
 # A check call in a code cell: check("label", ...) or attnbook.exercises.check('label',
 # ...).
 CHECK_CALL = re.compile(r"""\bcheck\(\s*(["'])([^"'\n]+)\1""")
-# Answer cells that reach for the grading machinery: the grader reports them as
-# tampering and scores the notebook 0 for the instructor to review by hand.
-_MACHINERY = re.compile(
-    r"ATTNBOOK_GRADE_LOG|__attnbook|\bCHECKS\b|attnbook\s*\.\s*exercises"
-    r"|from\s+attnbook(\.\w+)*\s+import[^\n]*\bexercises\b"
-    r"|\bexercises\s*\.\s*(check|register|common)\b"
-    # the kernel lab's launchers and recorder: an answer could swap in PyTorch
-    r"|attnbook\s*\.\s*kernels\s*\.\s*lab|\blab\s*\.\s*\w+\s*=(?!=)"
-    r"|from\s+attnbook\.kernels(\.\w+)*\s+import[^\n]*\blab\b"
-)
 MAX_REPLY = 64 * 2**20  # bytes of one encoded answer
 
 
@@ -214,6 +204,445 @@ def _first_line(source: str) -> str:
     return next((line.strip() for line in source.splitlines() if line.strip()), "")
 
 
+# --------------------------------------------------------------------------------------
+# Tampering: answer cells that write to the grading machinery
+# --------------------------------------------------------------------------------------
+# What an answer cell must not rebind or mutate: the check registry and its helpers,
+# the kernel lab's launchers (a kernel-lab check runs the student's kernel through
+# them, in the kernel), the measurement of new tensors two checks make in the kernel,
+# and the grader. A chapter adds what its check expressions name (``lab``,
+# ``functools.partial``).
+MACHINERY = (
+    "attnbook.exercises",
+    "attnbook.kernels.lab",
+    "attnbook.utils.largest_new_tensor",
+    "attnbook.grader",
+    "attnbook.sandbox",
+    "attnbook.course",
+)
+_BUILTINS = frozenset(
+    ("getattr", "setattr", "delattr", "vars", "globals", "locals", "exec", "eval")
+    + ("__import__",)
+)
+_GLOBALS = "<globals>"  # the path of the kernel's global namespace
+_ANY = "*"  # an attribute or key whose name the source does not spell out
+# methods that change the object they are called on
+_MUTATORS = frozenset(
+    ("update", "clear", "pop", "popitem", "setdefault", "append", "extend", "insert")
+    + ("remove", "register", "__setitem__", "__delitem__", "__setattr__", "__delattr__")
+)
+
+
+def _touches(path: str | None, machinery) -> bool:
+    """Whether writing to ``path`` changes the machinery: it is one of its paths, lies
+    under one, or is a module above one (``attnbook.kernels``). A ``*`` segment (a
+    name only known when the cell runs) matches anything below the path before it."""
+    if not path:
+        return False
+    if path.split(".")[0] == _ANY:  # sys.modules[name]: any module at all
+        return True
+    head = path.partition("." + _ANY)[0]
+    return any(
+        head == m or head.startswith(m + ".") or m.startswith(head + ".")
+        for m in machinery
+    )
+
+
+def _ipython_to_python(source: str) -> str:
+    """A cell's source as the kernel runs it (``%magic`` and ``!shell`` lines become
+    calls)."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+    except ImportError:  # pragma: no cover - the course extra has IPython
+        return source
+    try:
+        return TransformerManager().transform_cell(source)
+    except Exception:
+        return source
+
+
+class _Writes(ast.NodeVisitor):
+    """Finds the writes an answer cell makes to the grading machinery, following
+    aliases (``import attnbook.exercises as e``, ``g = getattr(attnbook, "exer" +
+    "cises")``, ``sys.modules[...]``, ``importlib.import_module(...)``) through the
+    cells in the order they run. Reads, calls, comments and strings never count, nor
+    does a student's own name that happens to be ``CHECKS`` or ``check``."""
+
+    def __init__(self, machinery, protected=()):
+        self.machinery = tuple(machinery)
+        self.protected = set(protected)  # global names the check expressions read
+        self.env: dict[str, str | None] = {}  # global name -> the path it is bound to
+        self.stars: list[str] = []  # modules imported with ``import *``
+        self.scopes: list[tuple[dict, set]] = []  # (locals, names declared global)
+        self.found: list[str] = []
+
+    # ---- what an expression names ----------------------------------------------------
+    def const(self, node) -> str | None:
+        """The value of a string expression made only of literals, else ``None``."""
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            return node.value
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+            left, right = self.const(node.left), self.const(node.right)
+            return None if left is None or right is None else left + right
+        if isinstance(node, ast.JoinedStr):
+            parts = [self.const(v) for v in node.values]
+            return None if None in parts else "".join(parts)
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "join"
+            and len(node.args) == 1
+            and isinstance(node.args[0], ast.List | ast.Tuple)
+        ):
+            sep = self.const(node.func.value)
+            parts = [self.const(v) for v in node.args[0].elts]
+            return None if sep is None or None in parts else sep.join(parts)
+        return None
+
+    def lookup(self, name: str) -> str | None:
+        for local, declared in reversed(self.scopes):
+            if name in declared:
+                break
+            if name in local:
+                return local[name]
+        if name in self.env:
+            return self.env[name]
+        # a name no cell bound may come from ``from MODULE import *``
+        return next(
+            (f"{m}.{name}" for m in self.stars if m.startswith("attnbook")), None
+        )
+
+    def builtin(self, func) -> str | None:
+        """The name of the built-in function ``func`` is, unless the cell rebound it."""
+        if not isinstance(func, ast.Name) or func.id not in _BUILTINS:
+            return None
+        if func.id in self.env or any(func.id in s[0] for s in self.scopes):
+            return None
+        return func.id
+
+    def path(self, node) -> str | None:
+        """The dotted path ``node`` evaluates to, where it can be known."""
+        if isinstance(node, ast.Name):
+            return self.lookup(node.id)
+        if isinstance(node, ast.Attribute):
+            base = self.path(node.value)
+            return base and f"{base}.{node.attr}"
+        if isinstance(node, ast.Subscript):
+            base, key = self.path(node.value), self.const(node.slice)
+            if base == "sys.modules":
+                return key or _ANY
+            if base == _GLOBALS:
+                return self.env.get(key) if key else None
+            if _touches(base, self.machinery):
+                return f"{base}.{_ANY}"
+            return None
+        if isinstance(node, ast.NamedExpr):
+            return self.path(node.value)
+        if isinstance(node, ast.Call):
+            return self.called(node)
+        return None
+
+    def called(self, node: ast.Call) -> str | None:
+        """The path a call returns: ``getattr``, ``vars``, ``globals``, imports."""
+        func, args = node.func, node.args
+        name, target = self.builtin(func), self.path(func)
+        if name == "getattr" and len(args) >= 2:
+            base = self.path(args[0])
+            return base and f"{base}.{self.const(args[1]) or _ANY}"
+        if name in ("globals", "locals") and not self.scopes:
+            return _GLOBALS
+        if name == "vars":
+            if not args:
+                return _GLOBALS if not self.scopes else None
+            base = self.path(args[0])
+            return base and f"{base}.__dict__"
+        if target in ("importlib.import_module", "__import__") or name == "__import__":
+            module = self.const(args[0]) if args else None
+            if module is None:
+                return None
+            fromlist = (
+                args[3]
+                if len(args) > 3
+                else next((k.value for k in node.keywords if k.arg == "fromlist"), None)
+            )
+            if name == "__import__" and not fromlist:
+                return module.split(".")[0]
+            return module
+        if target == "sys.modules.get" and args:
+            return self.const(args[0]) or _ANY
+        return None
+
+    # ---- writes ----------------------------------------------------------------------
+    def report(self, node, what: str) -> None:
+        self.found.append(f"{what} (line {getattr(node, 'lineno', '?')})")
+
+    def bind(self, name: str, value: str | None, node) -> None:
+        """``name`` is bound to what has path ``value`` in the current scope."""
+        if self.scopes and name not in self.scopes[-1][1]:
+            self.scopes[-1][0][name] = value
+            return
+        old = self.env.get(name)
+        if name.startswith("__attnbook"):
+            self.report(node, f"rebinds {name}, the grader's name")
+        elif name in self.protected and value != old:
+            self.report(node, f"rebinds {name}, which a check reads")
+        self.env[name] = value
+
+    def write(self, target, value: str | None, node) -> None:
+        """``target`` (an assignment target) is written with a value of path
+        ``value``."""
+        if isinstance(target, ast.Name):
+            self.bind(target.id, value, node)
+        elif isinstance(target, ast.Starred):
+            self.write(target.value, None, node)
+        elif isinstance(target, ast.Tuple | ast.List):
+            for element in target.elts:
+                self.write(element, None, node)
+        elif isinstance(target, ast.Attribute):
+            base = self.path(target.value)
+            if base and _touches(f"{base}.{target.attr}", self.machinery):
+                self.report(node, f"assigns {ast.unparse(target)[:80]}")
+        elif isinstance(target, ast.Subscript):
+            base, key = self.path(target.value), self.const(target.slice)
+            if base == _GLOBALS:
+                if key is None:
+                    self.report(node, "writes to globals() by a computed name")
+                else:
+                    self.bind(key, value, node)
+            elif base == "sys.modules" and _touches(key or _ANY, self.machinery):
+                self.report(node, f"replaces sys.modules[{key or '...'!r}]")
+            elif base and base.endswith(".__dict__"):
+                owner = base[: -len(".__dict__")]
+                if _touches(f"{owner}.{key or _ANY}", self.machinery):
+                    self.report(node, f"writes into the namespace of {owner}")
+            elif _touches(base, self.machinery):
+                self.report(node, f"assigns {ast.unparse(target)[:80]}")
+
+    def visit_Assign(self, node: ast.Assign) -> None:
+        self.visit(node.value)
+        value = self.path(node.value)
+        for target in node.targets:
+            pairs = isinstance(target, ast.Tuple | ast.List) and isinstance(
+                node.value, ast.Tuple | ast.List
+            )
+            if pairs and len(target.elts) == len(node.value.elts):
+                for t, v in zip(target.elts, node.value.elts, strict=True):
+                    self.write(t, self.path(v), node)
+                continue
+            self.write(target, value, node)
+            self.visit_target(target)
+
+    def visit_AugAssign(self, node) -> None:
+        self.visit(node.value)
+        self.write(node.target, None, node)
+        self.visit_target(node.target)
+
+    def visit_AnnAssign(self, node) -> None:
+        if node.value is not None:
+            self.visit(node.value)
+            self.write(node.target, self.path(node.value), node)
+        self.visit_target(node.target)
+
+    def visit_Delete(self, node) -> None:
+        for target in node.targets:
+            self.write(target, None, node)
+            self.visit_target(target)
+
+    def visit_NamedExpr(self, node) -> None:
+        self.visit(node.value)
+        self.write(node.target, self.path(node.value), node)
+
+    def visit_target(self, target) -> None:
+        """Visit what a target reads (``a[f()]``), not the target itself."""
+        if isinstance(target, ast.Attribute | ast.Subscript):
+            self.visit(target.value)
+            if isinstance(target, ast.Subscript):
+                self.visit(target.slice)
+
+    def visit_For(self, node) -> None:
+        self.visit(node.iter)
+        self.write(node.target, None, node)
+        for child in [*node.body, *node.orelse]:
+            self.visit(child)
+
+    visit_AsyncFor = visit_For
+
+    def visit_withitem(self, node) -> None:
+        self.visit(node.context_expr)
+        if node.optional_vars is not None:
+            self.write(node.optional_vars, None, node.context_expr)
+
+    def visit_Import(self, node) -> None:
+        for alias in node.names:
+            if alias.asname:
+                self.bind(alias.asname, alias.name, node)
+            else:
+                top = alias.name.split(".")[0]
+                self.bind(top, top, node)
+
+    def visit_ImportFrom(self, node) -> None:
+        base = node.module if not node.level else None
+        for alias in node.names:
+            if alias.name == "*":
+                if base:
+                    self.stars.append(base)
+                continue
+            self.bind(alias.asname or alias.name, base and f"{base}.{alias.name}", node)
+
+    def visit_ExceptHandler(self, node) -> None:
+        if node.type is not None:
+            self.visit(node.type)
+        if node.name:
+            self.bind(node.name, None, node)
+        for statement in node.body:
+            self.visit(statement)
+
+    def visit_Global(self, node) -> None:
+        if self.scopes:
+            self.scopes[-1][1].update(node.names)
+
+    def visit_Call(self, node: ast.Call) -> None:
+        self.generic_visit(node)
+        func, args = node.func, node.args
+        name = self.builtin(func)
+        if name in ("setattr", "delattr") or (
+            isinstance(func, ast.Attribute)
+            and func.attr in ("__setattr__", "__delattr__")
+            and isinstance(func.value, ast.Name)
+            and func.value.id in ("object", "type")
+        ):
+            if args:
+                base = self.path(args[0])
+                key = self.const(args[1]) if len(args) > 1 else None
+                if base and _touches(f"{base}.{key or _ANY}", self.machinery):
+                    self.report(node, f"sets an attribute of {base}")
+                elif base == _GLOBALS:
+                    self.report(node, "sets an attribute of the global namespace")
+        elif isinstance(func, ast.Attribute) and func.attr in _MUTATORS:
+            base = self.path(func.value)
+            owner = (
+                base[: -len(".__dict__")]
+                if base and base.endswith(".__dict__")
+                else None
+            )
+            if base == _GLOBALS or base == "sys.modules":
+                self.report(node, f"changes {ast.unparse(func.value)[:60]}")
+            elif owner is not None and _touches(f"{owner}.{_ANY}", self.machinery):
+                self.report(node, f"changes the namespace of {owner}")
+            elif _touches(base, self.machinery):
+                self.report(node, f"calls {ast.unparse(func)[:80]}")
+        elif name in ("exec", "eval") and args:
+            code = self.const(args[0])
+            if code is not None:
+                try:
+                    tree = ast.parse(code)
+                except (SyntaxError, ValueError):
+                    return
+                for statement in tree.body:
+                    self.visit(statement)
+
+    # ---- scopes ----------------------------------------------------------------------
+    def visit_FunctionDef(self, node) -> None:
+        for decorator in node.decorator_list:
+            self.visit(decorator)
+        self.visit(node.args)
+        self.bind(node.name, None, node)
+        params = [
+            a.arg
+            for a in [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
+        ]
+        params += [a.arg for a in (node.args.vararg, node.args.kwarg) if a]
+        self.scopes.append(({p: None for p in params}, set()))
+        for statement in node.body:
+            self.visit(statement)
+        self.scopes.pop()
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Lambda(self, node) -> None:
+        self.visit(node.args)
+        params = [a.arg for a in [*node.args.posonlyargs, *node.args.args]]
+        self.scopes.append(({p: None for p in params}, set()))
+        self.visit(node.body)
+        self.scopes.pop()
+
+    def visit_ClassDef(self, node) -> None:
+        for child in [*node.decorator_list, *node.bases, *node.keywords]:
+            self.visit(child)
+        self.scopes.append(({}, set()))
+        for statement in node.body:
+            self.visit(statement)
+        self.scopes.pop()
+        self.bind(node.name, None, node)
+
+    def visit_comprehension(self, node) -> None:
+        self.visit(node.iter)
+        for condition in node.ifs:
+            self.visit(condition)
+
+    def visit_ListComp(self, node) -> None:
+        names = [
+            n.id
+            for g in node.generators
+            for n in ast.walk(g.target)
+            if isinstance(n, ast.Name)
+        ]
+        self.scopes.append(({n: None for n in names}, set()))
+        self.generic_visit(node)
+        self.scopes.pop()
+
+    visit_SetComp = visit_GeneratorExp = visit_DictComp = visit_ListComp
+
+    # ---- whole cells -----------------------------------------------------------------
+    def cell(self, source: str) -> list[str]:
+        """The writes of one cell (run after the cells seen before it)."""
+        try:
+            tree = ast.parse(_ipython_to_python(source))
+        except (SyntaxError, ValueError):
+            return []  # it does not run: nothing it says can happen
+        except (RecursionError, MemoryError):
+            return ["is too deeply nested to be read"]
+        self.found = []
+        try:
+            for statement in tree.body:
+                self.visit(statement)
+        except RecursionError:
+            return ["is too deeply nested to be read"]
+        return self.found
+
+
+def machinery_writes(
+    answers: list[str], setup: list[str] = (), checked: list[str] = ()
+) -> list[list[str]]:
+    """For each answer cell (sources, in the order they run), what it does to the
+    grading machinery: ``[]`` for an honest cell, else one line per write.
+
+    ``setup`` are the book's other cells, stubs included (their imports say what a name
+    such as ``lab`` is bound to); ``checked`` the chapter's check expressions, which the
+    grader evaluates in the kernel: the imported names they read (``lab``,
+    ``functools``) must not be rebound, nor the attributes they read
+    (``functools.partial``) be assigned.
+    """
+    book = _Writes(MACHINERY)
+    for source in setup:
+        book.cell(source)
+    paths, names = set(), set()
+    for expr in checked:
+        try:
+            tree = ast.parse(expr, mode="eval")
+        except SyntaxError:
+            continue
+        inner = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Attribute)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name) and book.env.get(node.id):
+                names.add(node.id)
+            elif isinstance(node, ast.Attribute) and id(node) not in inner:
+                paths.add(book.path(node))
+    reader = _Writes((*MACHINERY, *sorted(p for p in paths if p)), names)
+    reader.env, reader.stars = dict(book.env), list(book.stars)
+    return [reader.cell(source) for source in answers]
+
+
 def rebuild(chapter: Chapter, submission) -> tuple[list[Step], list[str], list[str]]:
     """The steps to run for ``submission`` (an nbformat notebook) of ``chapter``.
 
@@ -248,11 +677,17 @@ def rebuild(chapter: Chapter, submission) -> tuple[list[Step], list[str], list[s
             continue
         used.add(id(found))
         steps.append(Step("answer", found.source, step.label, step.cell))
-        match = _MACHINERY.search(found.source)
-        if match:
+    given = [s for s in steps if s.kind == "answer"]
+    writes = machinery_writes(
+        [s.code for s in given],
+        setup=[s.code for s in chapter.steps if s.kind != "check"],
+        checked=[s.code for s in chapter.steps if s.kind == "check"],
+    )
+    for step, found in zip(given, writes):
+        if found:
             tampering.append(
-                f"the answer cell for {step.label} uses the grading machinery "
-                f"({match[0]!r})"
+                f"the answer cell for {step.label} writes to the grading machinery: "
+                + "; ".join(found[:3])
             )
     if missing:
         notes.append(
@@ -351,6 +786,7 @@ class KernelSession:
             raise ValueError(f"isolation must be 'bwrap' or 'none', got {isolation!r}")
         self.limits, self.guard, self.isolation = limits, guard, isolation
         self.output = 0  # bytes of output the kernel sent so far
+        self.answer_limit = min(MAX_REPLY, limits.output // 2)  # bytes of one answer
         self.deadline = time.monotonic() + limits.notebook_timeout
         self._folder = tempfile.TemporaryDirectory(prefix="attnbook-kernel-")
         self.folder = Path(self._folder.name)
@@ -548,10 +984,10 @@ class KernelSession:
         payload = None
         if args is not None:
             payload = base64.b64encode(pickle.dumps((args, kwargs or {}))).decode()
-        limit = min(MAX_REPLY, self.limits.output // 2)
+        limit = self.answer_limit
         code = _KERNEL_SIDE + (
             f"\n__attnbook_reply__ = __attnbook_answer__({expr!r}, {path!r}, "
-            f"{payload!r}, {measure!r}, {limit})\ndel __attnbook_answer__"
+            f"{payload!r}, {measure!r}, {limit}, {MAX_NODES})\ndel __attnbook_answer__"
         )
         run = self.run(code, {"reply": "__attnbook_reply__"})
         if run.error is not None:
@@ -560,11 +996,14 @@ class KernelSession:
         text = (
             reply.get("data", {}).get("text/plain") if isinstance(reply, dict) else None
         )
-        if not isinstance(text, str) or len(text) > 2 * MAX_REPLY:
+        # the repr of one base64 string, nothing else (never parsed as Python)
+        if not isinstance(text, str) or len(text) > 4 * (limit + 99) // 3 + 8:
+            raise Untrusted("the kernel sent no readable reply")
+        found = re.fullmatch(r"'([A-Za-z0-9+/]*={0,2})'", text)
+        if found is None:
             raise Untrusted("the kernel sent no readable reply")
         try:
-            encoded = ast.literal_eval(text)
-            value = _decode(base64.b64decode(encoded, validate=True))
+            value = _decode(base64.b64decode(found[1], validate=True), limit)
         except Untrusted:
             raise
         except Exception as err:
@@ -574,124 +1013,299 @@ class KernelSession:
         return _materialize(value, self, expr)
 
 
+# The reply's format, written in the kernel and read in the grader. It has no references
+# and no strides: every value is written out in full, so what the grader builds from a
+# reply of n bytes is at most n bytes of data in at most MAX_NODES Python objects. After
+# the magic, one value, which is one tag byte and then:
+#   N T F                  None, True, False
+#   i <u8 n> n bytes        an int (little-endian, signed)
+#   s b  <u64 n> n bytes    a str (UTF-8), bytes
+#   f <f64>  c <f64 f64>    a float, a complex
+#   l u d  <u64 n> values   a list, a tuple, a dict (n keys, each followed by its value)
+#   t <str> <shape> bytes   a tensor: dtype name, <u64 ndim> <u64 size>..., its elements
+#   a A <str> <shape> bytes a NumPy array, a NumPy scalar (dtype.str, shape, elements)
+#   o <str> <str>           a stand-in for another object: its type name and repr
+#   k <list>                a callable, by its path (only when describing the answer)
+MAGIC = b"attnbook-reply-1\n"
+MAX_NODES = 2**20  # values in one answer's lists, tuples and dicts
+TENSOR_DTYPES = (
+    "bool",
+    "uint8",
+    "int8",
+    "int16",
+    "int32",
+    "int64",
+    "float16",
+    "bfloat16",
+) + ("float32", "float64", "complex64", "complex128")
+
 # The code the grader sends into the kernel for each call: it evaluates the answer,
-# calls it on the grader's inputs, and encodes the result as plain data (exact built-in
-# types, dense tensors, NumPy arrays, stand-ins for anything else).
+# calls it on the grader's inputs, and writes the result in the format above. Sizes are
+# measured before anything is copied (a tensor's logical size is its numel times its
+# element size, whatever its strides), so an answer over the limit is refused in the
+# kernel with a message; the grader checks the same limits again on what arrives.
 _KERNEL_SIDE = r"""
-def __attnbook_answer__(expr, path, payload, measure, limit):
-    import base64, io, pickle
+def __attnbook_answer__(expr, path, payload, measure, limit, max_nodes):
+    import base64, pickle, struct
     import torch
     ns = globals()
+    dtypes = @DTYPES@
+    keys = (int, str)
 
-    def encode(x, where):
-        if type(x) in (type(None), bool, int, float, complex, str, bytes):
-            return x
-        if isinstance(x, torch.Tensor):
-            if x.layout != torch.strided or x.is_meta:
-                return {"__opaque__": "sparse or meta Tensor", "repr": ""}
-            return x.detach().as_subclass(torch.Tensor).cpu().clone()
-        if type(x) in (list, tuple):
-            return type(x)(encode(v, (*where, i)) for i, v in enumerate(x))
-        if type(x) is dict and all(type(k) in (str, int) for k in x):
-            return {k: encode(v, (*where, k)) for k, v in x.items()}
-        module = type(x).__module__
-        if module == "numpy" and hasattr(x, "dtype") and x.dtype.kind in "biufc":
-            array = type(x).__name__ == "ndarray"
-            kind = "__numpy__" if array else "__numpy_scalar__"
+    class Refused(Exception):
+        pass
+
+    def walk(x, where, depth, out, spent):
+        # out None: count bytes and values only (nothing is copied); else write
+        if depth > 50:
+            raise Refused("your answer is nested more than 50 levels deep")
+        spent[1] += 1
+        if spent[1] > max_nodes:
+            raise Refused(f"your answer holds more than {max_nodes:,} values in lists, "
+                          "tuples and dicts; return a tensor instead")
+        def put(*parts, size=None):
+            spent[0] += sum(map(len, parts)) if size is None else size
+            if out is not None:
+                out.extend(parts)
+        def blob(tag, data):
+            put(tag, struct.pack("<Q", len(data)), data)
+        def array(tag, dtype, shape, nbytes, data):
+            put(tag)
+            walk(dtype, where, depth + 1, out, spent)
+            put(struct.pack("<Q", len(shape)), size=8 + 8 * len(shape) + nbytes)
+            if out is not None:
+                out.extend(struct.pack("<Q", int(n)) for n in shape)
+                out.append(data())
+        t = type(x)
+        if x is None or t is bool:
+            put({None: b"N", True: b"T", False: b"F"}[x])
+        elif t is int:
+            data = x.to_bytes(x.bit_length() // 8 + 1, "little", signed=True)
+            if len(data) > 255:
+                raise Refused("your answer holds an integer of over 2,000 bits")
+            put(b"i", bytes([len(data)]), data)
+        elif t is float:
+            put(b"f", struct.pack("<d", x))
+        elif t is complex:
+            put(b"c", struct.pack("<dd", x.real, x.imag))
+        elif t is str:
+            blob(b"s", x.encode("utf-8", "replace"))
+        elif t is bytes:
+            blob(b"b", x)
+        elif t in (list, tuple) or (t is dict and all(type(k) in keys for k in x)):
+            put({list: b"l", tuple: b"u", dict: b"d"}[t], struct.pack("<Q", len(x)))
+            for k, v in x.items() if t is dict else enumerate(x):
+                if t is dict:
+                    walk(k, where, depth + 1, out, spent)
+                walk(v, (*where, k) if depth else where, depth + 1, out, spent)
+        elif isinstance(x, torch.Tensor) and x.layout == torch.strided \
+                and not x.is_meta and str(x.dtype)[6:] in dtypes:
+            def data():
+                y = x.detach().as_subclass(torch.Tensor).cpu()
+                y = y.resolve_conj().resolve_neg().contiguous().reshape(-1)
+                return y.view(torch.uint8).numpy().tobytes() if y.numel() else b""
+            # the logical size: numel times element size, whatever the strides
+            nbytes = x.numel() * x.element_size()
+            array(b"t", str(x.dtype)[6:], tuple(x.shape), nbytes, data)
+        elif t.__module__ == "numpy" and getattr(getattr(x, "dtype", None), "kind",
+                                                 "") in tuple("biufc"):
             import numpy
-            return {kind: x.dtype.str, "shape": list(numpy.shape(x)),
-                    "data": numpy.ascontiguousarray(x).tobytes()}
-        if payload is None and callable(x):
-            return {"__callable__": list(where)}
-        try:
-            text = repr(x)[:200]
-        except Exception:
-            text = ""
-        return {"__opaque__": type(x).__name__, "repr": text}
+            array(b"a" if t.__name__ == "ndarray" else b"A", x.dtype.str,
+                  numpy.shape(x), int(x.nbytes),
+                  lambda: numpy.ascontiguousarray(x).tobytes())
+        elif payload is None and callable(x):
+            put(b"k")
+            walk(list(where), where, depth + 1, out, spent)
+        else:
+            try:
+                text = repr(x)[:200]
+            except Exception:
+                text = ""
+            put(b"o")
+            walk(t.__name__[:60], where, depth + 1, out, spent)
+            walk(text, where, depth + 1, out, spent)
+
+    def write(reply):
+        spent = [0, 0]
+        walk(reply, (), 0, None, spent)  # measure first
+        if spent[0] > limit:
+            raise Refused(f"your answer is {spent[0] / 2**20:,.0f} MB of data; the "
+                          f"grader takes at most {limit / 2**20:.0f} MB")
+        out = [@MAGIC@]
+        walk(reply, (), 0, out, [0, 0])
+        return b"".join(out)
 
     try:
         obj = eval(expr, ns)
         for key in path:
             obj = obj[key]
         if payload is None:
-            result = encode(obj, ())
+            result = obj
         else:
             args, kwargs = pickle.loads(base64.b64decode(payload))
             if measure:
                 from attnbook.utils import largest_new_tensor
-                result = encode(largest_new_tensor(obj, *args, **kwargs), ())
+                result = largest_new_tensor(obj, *args, **kwargs)
             else:
-                result = encode(obj(*args, **kwargs), ())
-        reply = {"ok": result}
+                result = obj(*args, **kwargs)
+        data = write({"ok": result})
     except BaseException as err:
         if isinstance(err, KeyboardInterrupt):
             raise
-        reply = {"raised": type(err).__name__, "message": str(err)[:2000]}
-    buffer = io.BytesIO()
-    torch.save(reply, buffer)
-    if 4 * buffer.tell() // 3 > limit:
-        size = buffer.tell() / 2**20
-        buffer = io.BytesIO()
-        message = (f"your answer is {size:.0f} MB of data; the grader takes at most "
-                   f"{limit / 2**20:.0f} MB")
-        torch.save({"raised": "ValueError", "message": message}, buffer)
-    return base64.b64encode(buffer.getvalue()).decode()
-"""
+        try:
+            message = str(err)[:2000]
+        except Exception:
+            message = ""
+        name = "ValueError" if isinstance(err, Refused) else type(err).__name__
+        data = write({"raised": str(name)[:60], "message": message})
+    return base64.b64encode(data).decode()
+""".replace("@DTYPES@", repr(TENSOR_DTYPES)).replace("@MAGIC@", repr(MAGIC))
 
 
-def _decode(data: bytes):
-    """The kernel's reply as plain data: only tensors, built-in scalars, strings and
-    containers load (``weights_only``), and every node is checked."""
-    import torch
+def _text(self) -> str:
+    return self.text
 
-    if len(data) > MAX_REPLY:
-        raise Untrusted(f"the answer is larger than {MAX_REPLY // 2**20} MB")
-    with warnings.catch_warnings():  # the pickle protocol the kernel used
-        warnings.simplefilter("ignore", UserWarning)
-        reply = torch.load(io.BytesIO(data), weights_only=True)
+
+class _Callable:
+    """A callable in the described answer, at ``path``; a :class:`RemoteFunction`
+    once materialized."""
+
+    def __init__(self, path: tuple):
+        self.path = path
+
+
+class _Reader:
+    """Reads one reply (:data:`MAGIC` and the format above), checking as it goes that
+    it holds at most ``limit`` bytes of data in at most :data:`MAX_NODES` values, and
+    only the kinds the format has."""
+
+    def __init__(self, data: bytes, limit: int):
+        self.data, self.pos, self.limit, self.nodes = memoryview(data), 0, limit, 0
+        self.kinds: dict[str, type] = {}  # the stand-ins' classes, by type name
+
+    def take(self, n: int) -> bytes:
+        if n < 0 or n > len(self.data) - self.pos:
+            raise Untrusted("the kernel's reply is cut short")
+        chunk = self.data[self.pos : self.pos + n].tobytes()
+        self.pos += n
+        return chunk
+
+    def u64(self) -> int:
+        import struct
+
+        return struct.unpack("<Q", self.take(8))[0]
+
+    def text(self) -> str:
+        if self.take(1) != b"s":
+            raise Untrusted("the kernel's reply has the wrong form")
+        return self.take(self.u64()).decode("utf-8", "replace")
+
+    def shape(self, itemsize: int) -> tuple[tuple[int, ...], int]:
+        ndim = self.u64()
+        if ndim > 32:
+            raise Untrusted(f"the answer has {ndim} dimensions")
+        shape = tuple(self.u64() for _ in range(ndim))
+        nbytes = itemsize
+        for n in shape:
+            nbytes *= n
+        if nbytes > self.limit:  # its logical size, before anything is built
+            raise Untrusted(
+                f"the answer is {nbytes / 2**20:,.0f} MB of data; the grader takes at "
+                f"most {self.limit / 2**20:.0f} MB"
+            )
+        return shape, nbytes
+
+    def value(self, depth: int = 0):
+        import struct
+
+        import numpy
+        import torch
+
+        self.nodes += 1
+        if depth > 50 or self.nodes > MAX_NODES:
+            raise Untrusted("the answer is nested too deeply or holds too many values")
+        tag = self.take(1)
+        if tag in (b"N", b"T", b"F"):
+            return {b"N": None, b"T": True, b"F": False}[tag]
+        if tag == b"i":
+            return int.from_bytes(self.take(self.take(1)[0]), "little", signed=True)
+        if tag == b"f":
+            return struct.unpack("<d", self.take(8))[0]
+        if tag == b"c":
+            return complex(*struct.unpack("<dd", self.take(16)))
+        if tag == b"s":
+            return self.take(self.u64()).decode("utf-8", "replace")
+        if tag == b"b":
+            return self.take(self.u64())
+        if tag in (b"l", b"u", b"d"):
+            n = self.u64()
+            if n > len(self.data) - self.pos:  # every value takes a byte at least
+                raise Untrusted("the kernel's reply is cut short")
+            if tag == b"d":
+                items = {}
+                for _ in range(n):
+                    key = self.value(depth + 1)
+                    if type(key) not in (str, int):
+                        raise Untrusted("the answer has a dict key that is not plain")
+                    items[key] = self.value(depth + 1)
+                return items
+            values = [self.value(depth + 1) for _ in range(n)]
+            return values if tag == b"l" else tuple(values)
+        if tag == b"t":
+            name = self.text()
+            if name not in TENSOR_DTYPES:
+                raise Untrusted(f"a tensor of dtype {name[:30]!r} is not plain data")
+            dtype = getattr(torch, name)
+            shape, nbytes = self.shape(torch.empty((), dtype=dtype).element_size())
+            data = self.take(nbytes)
+            if not nbytes:
+                return torch.empty(shape, dtype=dtype)
+            flat = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+            return flat.view(dtype).reshape(shape)
+        if tag in (b"a", b"A"):
+            name = self.text()
+            if not re.fullmatch(r"[<>|=]?[biufc][0-9]{1,2}", name):
+                raise Untrusted(f"a NumPy answer of dtype {name[:30]!r} is not plain")
+            dtype = numpy.dtype(name)
+            shape, nbytes = self.shape(dtype.itemsize)
+            array = numpy.frombuffer(self.take(nbytes), dtype=dtype).reshape(shape)
+            return array.copy() if tag == b"a" else array[()]
+        if tag == b"o":
+            name = re.sub(r"\W", "_", self.text())[:60] or "object"
+            if name not in self.kinds and len(self.kinds) >= 100:
+                raise Untrusted("the answer holds objects of over 100 types")
+            kind = self.kinds.setdefault(name, type(name, (), {"__repr__": _text}))
+            stand_in = kind()
+            stand_in.text = self.text()[:200]
+            return stand_in
+        if tag == b"k":
+            path = self.value(depth + 1)
+            if not isinstance(path, list):
+                raise Untrusted("the kernel's reply has the wrong form")
+            return _Callable(tuple(path))
+        raise Untrusted("the kernel's reply has the wrong form")
+
+
+def _decode(data: bytes, limit: int = MAX_REPLY):
+    """The kernel's reply as plain data: a dict ``{"ok": answer}`` or ``{"raised":
+    name, "message": text}``, read by :class:`_Reader` (no pickle, no code, nothing
+    larger than ``limit`` bytes, tensors built contiguous from the bytes sent)."""
+    if len(data) > limit + len(MAGIC) or not data.startswith(MAGIC):
+        raise Untrusted("the kernel's reply is not in the grader's format")
+    reader = _Reader(data, limit)
+    reader.take(len(MAGIC))
+    reply = reader.value()
+    if reader.pos != len(data):
+        raise Untrusted("the kernel's reply has bytes after its end")
     if not isinstance(reply, dict) or not ({"ok"} == set(reply) or "raised" in reply):
         raise Untrusted("the kernel's reply has the wrong form")
     return reply
 
 
-def _plain(x, depth: int = 0):
-    """Check and rebuild a decoded value from the allowed kinds only."""
-    import numpy
-    import torch
-
-    if depth > 50:
-        raise Untrusted("the answer is nested too deeply")
-    if type(x) in (type(None), bool, int, float, complex, str, bytes):
-        return x
-    if isinstance(x, torch.Tensor):
-        return x.detach().as_subclass(torch.Tensor)
-    if type(x) in (list, tuple):
-        return type(x)(_plain(v, depth + 1) for v in x)
-    if isinstance(x, dict):
-        if "__opaque__" in x:
-            name = re.sub(r"\W", "_", str(x["__opaque__"]))[:60] or "object"
-            text = str(x.get("repr", ""))[:200]
-            return type(name, (), {"__repr__": lambda self: text})()
-        for kind in ("__numpy__", "__numpy_scalar__"):
-            if kind in x:
-                dtype = numpy.dtype(str(x[kind]))
-                if dtype.kind not in "biufc":
-                    raise Untrusted(
-                        f"a NumPy answer of dtype {dtype} is not plain data"
-                    )
-                shape = tuple(int(n) for n in x["shape"])
-                array = numpy.frombuffer(x["data"], dtype=dtype).reshape(shape).copy()
-                return array if kind == "__numpy__" else array[()]
-        if "__callable__" in x:
-            return x  # turned into a RemoteFunction by _materialize
-        return {k: _plain(v, depth + 1) for k, v in x.items()}
-    raise Untrusted(f"the answer holds a {type(x).__name__}, which is not plain data")
-
-
 def _materialize(reply: dict, session: KernelSession, expr: str):
     if "raised" in reply:
         name = re.sub(r"\W", "_", str(reply["raised"]))[:60] or "Exception"
-        message = str(reply.get("message", ""))
+        message = str(reply.get("message", ""))[:2000]
         if name == "NotImplementedError":
             raise NotImplementedError(message)
         if name == "AssertionError":
@@ -699,14 +1313,15 @@ def _materialize(reply: dict, session: KernelSession, expr: str):
         raise type(name, (Exception,), {})(message)
 
     def build(x):
-        if isinstance(x, dict) and "__callable__" in x:
-            path = tuple(x["__callable__"])
-            return RemoteFunction(session, expr, path)
+        if isinstance(x, _Callable):
+            return RemoteFunction(session, expr, x.path)
         if type(x) in (list, tuple):
             return type(x)(build(v) for v in x)
+        if type(x) is dict:
+            return {k: build(v) for k, v in x.items()}
         return x
 
-    return build(_plain(reply["ok"]))
+    return build(reply["ok"])
 
 
 class RemoteFunction:

@@ -14,14 +14,19 @@ verdicts or files. tests/test_grading_sandbox.py attacks the sandbox itself.
 
 from __future__ import annotations
 
+import base64
 import csv
+import functools
 import json
+import resource
+import struct
 import sys
 import textwrap
 from pathlib import Path
 
 import nbformat
 import pytest
+import torch
 
 from attnbook import course, grader, sandbox
 
@@ -170,15 +175,47 @@ def my_masked_softmax(scores, mask=None, temperature=1.0):
 """
 
 FORGED_REPLY = """
-import os, pickle, torch
+import base64, os, pickle, torch
 class _Payload:
     def __reduce__(self):
         return (os.system, ("touch {marker}",))
-def _save(obj, f, *args, **kwargs):
-    f.write(pickle.dumps(_Payload()))
+_encode = base64.b64encode
 def my_masked_softmax(scores, mask=None, temperature=1.0):
-    torch.save = _save  # the reply the grader decodes is now a pickle that runs a command
+    # the reply the grader decodes is now a pickle that runs a command, then a torch.save file
+    base64.b64encode = lambda data: _encode(pickle.dumps(_Payload()))
+    torch.save = lambda obj, f, *a, **k: f.write(pickle.dumps(_Payload()))
     return scores.softmax(-1)
+"""
+
+# A reply in the grader's own format that claims a 2 GB float32 tensor and carries 4 bytes: the
+# stride-0 answer (4 bytes of storage, any shape) sent past the kernel's own size check. Were the
+# grader to build it, its memory would grow by 2 GB (test_the_graders_memory_does_not_grow checks).
+FORGED_SHAPE = """
+import base64, struct
+_encode = base64.b64encode
+def _u64(n):
+    return struct.pack("<Q", n)
+def _str(text):
+    return b"s" + _u64(len(text)) + text
+_CLAIM = (b"attnbook-reply-1\\n" + b"d" + _u64(1) + _str(b"ok") + b"t" + _str(b"float32")
+          + _u64(1) + _u64(5 * 10**8) + bytes(4))
+def _forge(data):
+    return _encode(_CLAIM if data.startswith(b"attnbook-reply-1") else data)
+def my_masked_softmax(scores, mask=None, temperature=1.0):
+    base64.b64encode = _forge
+    return scores.softmax(-1)
+"""
+
+# Honest answers whose comments and names mention the grading machinery: the tampering detector
+# reads the code (the AST), so none of this is tampering and the answers score full marks.
+MENTIONS = """
+# checked below with attnbook.exercises.check("attention-masked-softmax", my_masked_softmax);
+# from attnbook.exercises import CHECKS would list the checks
+CHECKS = ["no mask", "temperature", "mask"]  # my own list of cases
+check = {"seen": 0}
+note = "attnbook.exercises.CHECKS['x'] = None is what a cheater writes"
+import attnbook.exercises
+attnbook.exercises.check("attention-sqrt-dk", lambda d: 1)  # trying a check is not tampering
 """
 
 ATTACKS = {
@@ -206,6 +243,12 @@ ATTACKS = {
     "output-flood": stub_plus("for _ in range(40):\n    print('x' * 10**7)"),
     "huge-answer": first_answer("import torch\ndef my_masked_softmax(*args, **kwargs):\n"
                                 "    return torch.zeros(2 * 10**7)"),
+    # 20 GB of float32 in 4 bytes of storage: refused in the kernel before anything is copied
+    "stride-0-answer": first_answer("import torch\ndef my_masked_softmax(*args, **kwargs):\n"
+                                    "    return torch.zeros(1).expand(5 * 10**9)"),
+    "stride-0-in-a-list": first_answer("import torch\ndef my_masked_softmax(*args, **kwargs):\n"
+                                       "    return [torch.zeros(10**6)] * 100"),
+    "forged-shape": first_answer(FORGED_SHAPE),
 }
 
 
@@ -225,7 +268,9 @@ def attacked(tmp_path_factory):
             target.write_text("student,notebook,label,passed\\nwriter,attention.ipynb,*,1\\n")
         Path({str(root / "book" / "attention.ipynb")!r}).write_text("{{}}")
         """)
-    book, subs = classroom(root, {"ada": mini, "blank": blank_of(mini), **attacks})
+    mentions = nbformat.from_dict(json.loads(json.dumps(mini)))
+    answers(mentions)[0].source = MENTIONS + answers(mentions)[0].source
+    book, subs = classroom(root, {"ada": mini, "blank": blank_of(mini), "mentions": mentions, **attacks})
     # names a shell or a spreadsheet would trip on, a file that is not a notebook, another chapter
     for name in ["..hidden", "$(touch pwned)", "a;b|c&d", "=1+1"]:
         (subs / name).mkdir()
@@ -239,10 +284,12 @@ def attacked(tmp_path_factory):
     nbformat.write(vision, subs / "other-chapter" / "attention.ipynb")
     # 10 s a cell: long enough for the floods and bombs to hit their limits on a loaded CI machine
     limits = sandbox.Limits(cell_timeout=10, notebook_timeout=120, memory=3 * sandbox.GIB)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     rows = grader.grade([subs], out / "grades.csv", book_dir=book, limits=limits, jobs=2, isolation="none")
+    grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     with (out / "gradebook.csv").open(newline="") as f:
         gradebook = {line[0]: line for line in csv.reader(f)}
-    return {"rows": rows, "gradebook": gradebook, "out": out, "marker": marker, "root": root}
+    return {"rows": rows, "gradebook": gradebook, "out": out, "marker": marker, "root": root, "grown": grown}
 
 
 def rows_of(attacked, student):
@@ -256,6 +303,12 @@ def test_the_honest_student_keeps_full_marks_and_the_blank_one_has_none(attacked
     assert attacked["gradebook"]["blank"][1:] == ["0", "0"]
 
 
+def test_comments_and_names_that_mention_the_machinery_are_not_tampering(attacked):
+    rows = rows_of(attacked, "mentions")
+    assert all(rows[label]["status"] == "passed" for label in LABELS), rows
+    assert attacked["gradebook"]["mentions"][1:] == [str(FULL), str(FULL)]
+
+
 @pytest.mark.parametrize("attack", sorted([*ATTACKS, "write-into-the-graders-folders"]))
 def test_an_attack_scores_no_more_than_a_blank_submission(attacked, attack):
     rows = rows_of(attacked, attack)
@@ -264,18 +317,35 @@ def test_an_attack_scores_no_more_than_a_blank_submission(attacked, attack):
     assert attacked["gradebook"][attack][1:] == ["0", "0"]
 
 
-def test_answer_cells_that_reach_for_the_grading_machinery_are_reported_as_tampering(attacked):
-    for attack in ["forge-the-log", "accept-all-in-answer"]:
+def test_answer_cells_that_write_to_the_grading_machinery_are_reported_as_tampering(attacked):
+    for attack in ["accept-all-in-answer", "hidden-patch-in-answer"]:
         for label in LABELS:
             row = rows_of(attacked, attack)[label]
             assert row["status"] == "untrusted", (attack, row)
-            assert "uses the grading machinery" in row["message"] and "review" in row["message"]
+            assert "writes to the grading machinery" in row["message"] and "review" in row["message"]
+    # printing or writing a forged verdict touches no machinery: it is just an unanswered notebook
+    rows = rows_of(attacked, "forge-the-log")
+    assert all(rows[label]["status"] == "failed" for label in LABELS), rows
 
 
 def test_a_reply_that_is_not_plain_data_is_untrusted_and_never_unpickled(attacked):
     row = rows_of(attacked, "forged-reply")["attention-masked-softmax"]
     assert row["status"] == "untrusted" and row["message"].startswith("could not be trusted: ")
+    assert "not in the grader's format" in row["message"], row
     assert not attacked["marker"].exists(), "the grader ran a command the kernel sent"
+
+
+def test_answers_are_measured_by_their_logical_size_before_anything_is_built(attacked):
+    for attack, size in [("stride-0-answer", "19,073 MB"), ("stride-0-in-a-list", "381 MB")]:
+        row = rows_of(attacked, attack)["attention-masked-softmax"]  # refused in the kernel, with a message
+        assert row["status"] == "failed" and f"your answer is {size} of data; the grader takes at most 10 MB" \
+            in row["message"], row
+    row = rows_of(attacked, "forged-shape")["attention-masked-softmax"]  # the kernel's check bypassed
+    assert row["status"] == "untrusted" and "1,907 MB of data; the grader takes at most 10 MB" in row["message"], row
+
+
+def test_the_graders_memory_does_not_grow_with_an_answers_claimed_size(attacked):
+    assert attacked["grown"] < 2**30, f"the grader's peak memory grew by {attacked['grown'] / 2**30:.1f} GiB"
 
 
 def test_replaying_the_notebooks_inputs_fails_on_the_graders_fresh_inputs(attacked):
@@ -365,15 +435,143 @@ def test_a_fork_bomb_is_contained_and_the_next_student_is_graded(tmp_path):
     assert all(got["ada", label]["status"] == "passed" for label in LABELS)
 
 
-def test_an_answer_that_replaces_the_kernel_labs_launchers_is_tampering_and_real_answers_are_not():
-    """The kernel lab's checks call the student's kernel through attnbook.kernels.lab: an answer cell
-    that rebinds a launcher (to return PyTorch's result) reaches for the grading machinery."""
-    for source in ["lab.attention_forward = lambda kernel, *a, **k: ref(*a)",
-                   "import attnbook.kernels.lab as L\nL.softmax = torch.softmax",
-                   "from attnbook.kernels import lab as bench",
-                   "setattr(attnbook . kernels . lab, 'matmul', torch.matmul)"]:
-        assert grader._MACHINERY.search(source), source
-    chapter = nbformat.read(ROOT / "book" / "kernel_lab.ipynb", as_version=4)
-    answers = [c.source for c in chapter.cells if "solution" in c.metadata.get("tags", [])]
-    assert len(answers) == 5 and not any(grader._MACHINERY.search(a) for a in answers)
-    assert not grader._MACHINERY.search("if lab.tiles == expected:")
+# ---- the tampering detector: the AST of the answer cells, never a pattern in their text ----------
+@functools.cache
+def book_chapter(name):
+    nb = nbformat.read(ROOT / "book" / name, as_version=4)
+    return grader.Chapter.from_notebook(nb, name), nbformat.writes(nb)
+
+
+def chapter_of(name):
+    """The book's chapter ``name`` as the grader reads it, and its notebook with the solutions."""
+    chapter, text = book_chapter(name)
+    return chapter, nbformat.reads(text, as_version=4)
+
+
+def writes(source, name="attention.ipynb"):
+    """What ``source``, as an answer cell of chapter ``name``, does to the grading machinery."""
+    chapter, _ = chapter_of(name)
+    setup = [s.code for s in chapter.steps if s.kind != "check"]
+    checked = [s.code for s in chapter.steps if s.kind == "check"]
+    return grader.machinery_writes([textwrap.dedent(source)], setup, checked)[0]
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in (ROOT / "book").glob("*.ipynb")))
+def test_every_solution_in_the_book_is_trusted(name):
+    """The book's own answers, run through the grader's rebuild as a submission, are never tampering;
+    nor are they with comments and a variable that name the machinery."""
+    chapter, nb = chapter_of(name)
+    steps, notes, tampering = grader.rebuild(chapter, nb)
+    assert tampering == [], tampering
+    for cell in answers(nb):
+        cell.source = ("# attnbook.exercises.check(label, answer); CHECKS = {} would not matter\n"
+                       "CHECKS = ['mine']\n" + cell.source)
+    assert grader.rebuild(chapter, nb)[2] == []
+
+
+ATTACK_FORMS = [
+    "attnbook.exercises.CHECKS['attention-sqrt-dk'] = None",
+    "import attnbook.exercises as e\ne.check = lambda *a: None",
+    "from attnbook import exercises as grading\ngrading.run_check = print",
+    "from attnbook.exercises import CHECKS\nCHECKS.clear()",
+    "from attnbook.exercises import CHECKS as C\nC['attention-sqrt-dk'] = None",
+    "setattr(attnbook.exercises, 'check', print)",
+    "setattr(attnbook.exercises, name_known_only_at_run_time, print)",
+    "vars(attnbook.exercises)['check'] = print",
+    "attnbook.exercises.__dict__['run_check'] = print",
+    "vars(attnbook.exercises).update(check=print)",
+    "import sys\nsys.modules['attnbook.exercises'].check = print",
+    "import sys\nsys.modules['attnbook.exercises'] = None",
+    "import importlib\ng = importlib.import_module('attnbook.' + 'exer' + 'cises')\nsetattr(g, 'run_' + 'check', 1)",
+    "g = __import__('attnbook.exercises', fromlist=['check'])\ng.CHECKS.update({})",
+    "getattr(getattr(attnbook, 'exercises'), 'CHE' + 'CKS')['x'] = 1",
+    "object.__setattr__(attnbook.exercises.CHECKS['attention-sqrt-dk'], 'fn', print)",
+    "attnbook.exercises.CHECKS['attention-sqrt-dk'].fn.__code__ = (lambda s: None).__code__",
+    "def f():\n    import attnbook.exercises as e\n    e.check = print\nf()",
+    "exec('attnbook.exercises.check = print')",
+    "del attnbook.exercises.check",
+    "from attnbook.exercises import *\nCHECKS['x'] = 1",
+    "attnbook.utils.largest_new_tensor = lambda *a: 0",  # the measurement two checks make in the kernel
+    "__attnbook_answer__ = None",
+]
+
+
+@pytest.mark.parametrize("source", ATTACK_FORMS)
+def test_every_form_of_writing_to_the_machinery_is_tampering(source):
+    assert writes(source), source
+
+
+LAB_ATTACKS = [  # the kernel lab's checks run the student's kernel through the launchers, in the kernel
+    "lab.attention_forward = lambda kernel, *a, **k: None",
+    "import attnbook.kernels.lab as L\nL.softmax = torch.softmax",
+    "from attnbook.kernels import lab as bench\nbench.matmul = torch.matmul",
+    "setattr(attnbook . kernels . lab, 'matmul', torch.matmul)",
+    "import types\nlab = types.SimpleNamespace(softmax=torch.softmax)",  # the name the check reads
+    "functools.partial = lambda launcher, kernel: launcher",
+    "import functools as ft\nft.partial = print",
+    "def f():\n    global lab\n    lab = None",
+    "globals()['lab'] = None",
+]
+
+
+@pytest.mark.parametrize("source", LAB_ATTACKS)
+def test_rebinding_the_kernel_labs_launchers_or_the_names_its_checks_read_is_tampering(source):
+    assert writes(source, "kernel_lab.ipynb"), source
+
+
+@pytest.mark.parametrize("source", [
+    "CHECKS = [1, 2]\nCHECKS[0] = 3",
+    "check = lambda x: x\nrun_check = None",
+    "# attnbook.exercises.CHECKS['x'] = None\ndef f():\n    pass",
+    "text = 'setattr(attnbook.exercises, \"check\", None)'",
+    "attnbook.exercises.check('attention-sqrt-dk', lambda d: 1)",
+    "import attnbook.exercises\nprint(sorted(attnbook.exercises.CHECKS))",
+    "from attnbook import exercises\nverdict = exercises.run_check('attention-sqrt-dk', abs)",
+    "def f(attnbook):\n    attnbook.exercises = 1",  # a parameter, not the module
+    "from attnbook.kernels import lab as bench\nx = bench.softmax\nif lab.tiles == 1:\n    pass",
+    "%timeit sum(range(10))",
+])
+def test_reads_calls_comments_and_the_students_own_names_are_not_tampering(source):
+    assert writes(source) == [] and writes(source, "kernel_lab.ipynb") == [], source
+
+
+# ---- the reply the kernel sends: decoded by the grader, never trusted -----------------------------
+def u64(n):
+    return struct.pack("<Q", n)
+
+
+def text(value: bytes):
+    return b"s" + u64(len(value)) + value
+
+
+def reply(answer: bytes) -> bytes:
+    return grader.MAGIC + b"d" + u64(1) + text(b"ok") + answer
+
+
+@pytest.mark.parametrize("data, why", [
+    (b"\x80\x04K\x01.", "not in the grader's format"),  # a pickle
+    (reply(b"t" + text(b"float32") + u64(1) + u64(5 * 10**9) + b"\0" * 4), "19,073 MB of data"),
+    (reply(b"t" + text(b"float32") + u64(2) + u64(2**40) + u64(2**40) + b"\0" * 4), "MB of data"),
+    (reply(b"t" + text(b"float32") + u64(1) + u64(3) + b"\0" * 4), "cut short"),
+    (reply(b"t" + text(b"object") + u64(0)), "not plain data"),
+    (reply(b"a" + text(b"|O8") + u64(0)), "not plain"),
+    (reply(b"l" + u64(2**60)), "cut short"),
+    (reply(b"".join([b"l" + u64(1)] * 60) + b"N"), "nested too deeply"),
+    (reply(b"l" + u64(2**21) + b"N" * 2**21), "too many values"),
+    (reply(b"N") + b"more", "bytes after its end"),
+    (reply(b"Z"), "wrong form"),
+    (grader.MAGIC + b"l" + u64(0), "wrong form"),
+])
+def test_a_forged_reply_is_refused_before_anything_large_is_built(data, why):
+    with pytest.raises(grader.Untrusted, match=why):
+        grader._decode(data, 10 * 2**20)
+
+
+def test_a_reply_is_rebuilt_as_fresh_contiguous_tensors_and_plain_values():
+    namespace = {}
+    exec(grader._KERNEL_SIDE, namespace)
+    namespace["answer"] = {"t": torch.arange(6.0).reshape(2, 3).t(), "n": [1, -2**70, 1.5, "x", None]}
+    sent = namespace["__attnbook_answer__"]("answer", (), None, False, 2**20, grader.MAX_NODES)
+    got = grader._decode(base64.b64decode(sent), 2**20)["ok"]
+    assert got["n"] == [1, -2**70, 1.5, "x", None] and type(got["t"]) is torch.Tensor
+    assert got["t"].is_contiguous() and torch.equal(got["t"], namespace["answer"]["t"])
