@@ -134,3 +134,28 @@ def test_time_a_step_leaves_goes_to_the_next(tool, monkeypatch):
     clock[0] = 100.0
     assert next(timeouts) == 300
     assert list(tool._timeouts([1.0], 10)) == [30.0]  # never under 30 s
+
+
+def test_a_rerun_updates_its_entries_and_says_so(tool):
+    old = {"environment": {"date": "d0", "commit": "aaa"}, "seconds": 400,
+           "chapters": [{"chapter": "flash", "status": "passed"}, {"chapter": "kernel_lab", "status": "failed"}],
+           "tests": {"t": {"passed": 1}}, "benchmarks": {"bench_flash": {"status": "timed out"}}}  # fmt: skip
+    new = {"environment": {"date": "d1", "commit": "bbbbbbbbbbbbbbbb"}, "seconds": 90,
+           "chapters": [{"chapter": "kernel_lab", "status": "passed"}], "tests": {},
+           "benchmarks": {"bench_flash": {"status": "passed"}}}  # fmt: skip
+    merged = tool.merge(old, new)
+    assert [(c["chapter"], c["status"]) for c in merged["chapters"]] == [("flash", "passed"), ("kernel_lab", "passed")]
+    assert merged["chapters"][1]["rerun"] == {"commit": "bbbbbbbbbbbbbbbb", "date": "d1"}
+    assert "rerun" not in merged["chapters"][0] and merged["environment"]["commit"] == "aaa"
+    assert merged["benchmarks"]["bench_flash"]["status"] == "passed" and merged["tests"] == old["tests"]
+    assert merged["reruns"] == [{"commit": "bbbbbbbbbbbbbbbb", "date": "d1", "seconds": 90,
+                                 "chapters": ["kernel_lab"], "tests": [], "benchmarks": ["bench_flash"]}]  # fmt: skip
+
+
+def test_the_benchmarks_arguments_parse(tool):
+    """Where a benchmark has parse_args, the GPU check's arguments pass it (bench_block_sparse
+    refused 12..13: it needs two lengths between its ends)."""
+    for name, args, _, writes_json in tool.BENCHMARKS:
+        bench = load_script(ROOT / "benchmarks" / f"{name}.py")
+        if hasattr(bench, "parse_args"):
+            bench.parse_args(args + (["--json", "x.json"] if writes_json else []))

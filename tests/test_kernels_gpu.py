@@ -126,3 +126,18 @@ def test_the_autotuner_chose_among_configurations_that_fit():
     assert chosen
     fitting = {config for config, _ in tuning.candidates("flash_fwd", CAPABILITY, torch.float16, 64)}
     assert set(chosen.values()) <= fitting
+
+
+def test_a_cpu_generator_samples_the_same_tokens_on_the_gpu():
+    """The chapters seed a CPU generator and may run their model on the GPU: sampling there
+    draws the CPU generator's numbers (attnbook._random), so the tokens are those of the
+    same model on the CPU (the Transformer chapter stopped on this)."""
+    from attnbook.models import TinyGPT, TransformerConfig
+
+    torch.manual_seed(0)
+    model = TinyGPT(TransformerConfig(vocab_size=32, d_model=32, n_heads=2, n_layers=2)).eval()
+    idx = torch.tensor([[1, 2, 3]])
+    on_cpu = model.generate(idx, 20, temperature=0.8, generator=torch.Generator().manual_seed(4))
+    on_gpu = model.cuda().generate(idx.cuda(), 20, temperature=0.8,
+                                   generator=torch.Generator().manual_seed(4))
+    assert torch.equal(on_gpu.cpu(), on_cpu)

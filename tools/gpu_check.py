@@ -67,7 +67,7 @@ PREINSTALLED = {
 #: budget, whether it writes ``--json FILE``); the others' printed tables are kept.
 BENCHMARKS = (
     ("bench_flash", ["--device", "cuda", "--quick"], 0.45, True),
-    ("bench_block_sparse", ["--device", "cuda", "--min-log2-n", "12", "--max-log2-n", "13"],
+    ("bench_block_sparse", ["--device", "cuda", "--min-log2-n", "11", "--max-log2-n", "13"],
      0.25, False),
     ("bench_decode", ["--device", "cuda", "--new-tokens", "128", "--repeat", "3",
                       "--plot", "/tmp/gpu-check/bench_decode.png"], 0.2, False),
@@ -278,12 +278,13 @@ def tests(budget: float, work: Path) -> dict:
     return results
 
 
-def benchmarks(budget: float, work: Path) -> dict:
-    """Each GPU benchmark's quick mode alone on the GPU: its printed table, and its
-    JSON where it writes one."""
+def benchmarks(budget: float, work: Path, only: list[str] | None = None) -> dict:
+    """Each GPU benchmark's quick mode alone on the GPU (those named in ``only``, if
+    given): its printed table, and its JSON where it writes one."""
     results = {}
-    timeouts = _timeouts([share for _, _, share, _ in BENCHMARKS], budget)
-    for (name, args, _, writes_json), timeout in zip(BENCHMARKS, timeouts):
+    chosen = [b for b in BENCHMARKS if only is None or b[0] in only]
+    timeouts = _timeouts([share for _, _, share, _ in chosen], budget)
+    for (name, args, _, writes_json), timeout in zip(chosen, timeouts):
         data, log = work / f"{name}.json", work / f"{name}.log"
         command = [sys.executable, f"benchmarks/{name}.py", *args]
         command += ["--json", str(data)] if writes_json else []
@@ -334,7 +335,8 @@ def markdown(report: dict) -> str:
         cell = (c.get("failure") or {}).get("cell")
         where = f"cell {cell}: " if cell is not None else ""
         error = (where + error).replace("|", "\\|").replace("\n", " ")[:160]
-        lines.append(f"| {c['chapter']} | {c['status']} | {c['seconds']:.1f} | {error} |")
+        again = f" (re-run at `{c['rerun']['commit'][:12]}`)" if c.get("rerun") else ""
+        lines.append(f"| {c['chapter']}{again} | {c['status']} | {c['seconds']:.1f} | {error} |")
     lines += ["", "## Tests", "", "| run | passed | failed | errors | skipped | seconds |",
               "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
     for name, t in report["tests"].items():
@@ -343,9 +345,31 @@ def markdown(report: dict) -> str:
         lines += [f"- {f}" for f in t["failures"][:10]]
     lines += ["", "## Benchmarks"]
     for name, b in report["benchmarks"].items():
-        lines += ["", f"### {name}: {b['status']}, {b['seconds']:.0f} s", "",
+        again = f" (re-run at `{b['rerun']['commit'][:12]}`)" if b.get("rerun") else ""
+        lines += ["", f"### {name}: {b['status']}, {b['seconds']:.0f} s{again}", "",
                   f"`python {b['command']}`", "", "```", b["output"].strip(), "```"]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def merge(old: dict, new: dict) -> dict:
+    """``old`` with what ``new`` re-ran put in place of its entries (chapters by name,
+    test runs and benchmarks by key), each re-run entry marked with the commit and date it
+    ran on, and the re-run listed under ``"reruns"``."""
+    env = new["environment"]
+    stamp = {"commit": env.get("commit"), "date": env["date"]}
+    merged = json.loads(json.dumps(old))
+    for c in new["chapters"]:
+        merged["chapters"] = [x for x in merged["chapters"] if x["chapter"] != c["chapter"]]
+        merged["chapters"].append({**c, "rerun": stamp})
+    merged["chapters"].sort(key=lambda c: c["chapter"])
+    for part in ("tests", "benchmarks"):
+        for key, value in new[part].items():
+            merged[part][key] = {**value, "rerun": stamp}
+    merged.setdefault("reruns", []).append({
+        **stamp, "seconds": new["seconds"], "chapters": [c["chapter"] for c in new["chapters"]],
+        "tests": list(new["tests"]), "benchmarks": list(new["benchmarks"]),
+    })  # fmt: skip
+    return merged
 
 
 def run(args: argparse.Namespace) -> int:
@@ -373,11 +397,14 @@ def run(args: argparse.Namespace) -> int:
     report["tests"] = {} if args.skip_tests else tests(0.5 * left(), work)
     print("tests:", {k: (v["passed"], v["failed"]) for k, v in report["tests"].items()},
           flush=True)  # fmt: skip
-    report["benchmarks"] = {} if args.skip_benchmarks else benchmarks(left(), work)
+    only = args.benchmarks.split(",") if args.benchmarks else None
+    report["benchmarks"] = {} if args.skip_benchmarks else benchmarks(left(), work, only)
     report["seconds"] = round(time.perf_counter() - start, 1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     name = slug(env.get("device"))
+    if args.merge and (out / f"{name}.json").exists():
+        report = merge(json.loads((out / f"{name}.json").read_text()), report)
     (out / f"{name}.json").write_text(json.dumps(report, indent=1) + "\n")
     (out / f"{name}.md").write_text(markdown(report))
     print(f"report: {out / name}.json and .md ({report['seconds']:.0f} s)")
@@ -421,6 +448,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--commit", default=None, help="the commit checked (default: git's)")
     p.add_argument("--skip-tests", action="store_true")
     p.add_argument("--skip-benchmarks", action="store_true")
+    p.add_argument("--benchmarks", default=None, help="comma-separated (default: all)")
+    p.add_argument("--merge", action="store_true",
+                   help="re-run some steps: update the existing report's entries")
     p = commands.add_parser("chapter", help="(internal) execute one chapter")
     p.add_argument("notebook", type=Path)
     p.add_argument("result", type=Path)
