@@ -51,7 +51,7 @@ from attnbook.sparse import (
     expand_block_mask,
 )
 from attnbook.utils import default_device, seed_everything
-from common import fused_only, raise_recompile_limit  # benchmarks/common.py
+from common import flex_kernel_options, fused_only, raise_recompile_limit  # benchmarks/common.py
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -124,7 +124,8 @@ def compiled_flex(blocks: torch.Tensor, args: argparse.Namespace, q, k, v, sync)
     block_mask = flex_block_mask(blocks, args.block)
     build = time.perf_counter() - t0
     compiled = fused_only(torch.compile(flex_attention, dynamic=False))  # never unfused
-    fn = lambda: compiled(q, k, v, block_mask=block_mask)  # noqa: E731
+    options = flex_kernel_options(block_mask, q.device)
+    fn = lambda: compiled(q, k, v, block_mask=block_mask, kernel_options=options)  # noqa: E731
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

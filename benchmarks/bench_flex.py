@@ -54,7 +54,7 @@ from attnbook.sparse import (
     sliding_window_mask,
 )
 from attnbook.utils import seed_everything
-from common import fused_only, raise_recompile_limit  # benchmarks/common.py
+from common import flex_kernel_options, fused_only, raise_recompile_limit  # benchmarks/common.py
 
 GIB = 2**30
 METHODS = ("attnbook", "flex", "sdpa")
@@ -150,7 +150,8 @@ def run_cell(args, device, pattern: str, n: int, compiled, generator, sync) -> d
         if name == "attnbook":
             fn = ours
         elif name == "flex":
-            fn = lambda: compiled(q, k, v, block_mask=block_mask)  # noqa: E731
+            options = flex_kernel_options(block_mask, device)
+            fn = lambda: compiled(q, k, v, block_mask=block_mask, kernel_options=options)  # noqa: E731
         else:
             mask = dense_mask()
             fn = lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # noqa: E731

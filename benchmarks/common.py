@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import warnings
 
+import torch
+
 from attnbook.complexity import loglog_slope
 
 
@@ -52,3 +54,15 @@ def fused_only(fn):
             except UserWarning as err:
                 raise RuntimeError(f"FlexAttention ran unfused, not compiled: {err}") from None
     return call
+
+
+def flex_kernel_options(block_mask, device) -> dict | None:
+    """FlexAttention's GPU kernel needs its tiles to divide the ``BlockMask``'s blocks: on
+    an H200 (torch 2.11) it chose 128-row tiles for 64-row blocks and refused to compile
+    ("Q and KV block size must be divisible by BLOCK_M and BLOCK_N"). Tiles of the mask's
+    own block size where it is below 128 on ``device``, a GPU; ``None``, torch's choice,
+    elsewhere."""
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    if torch.device(device).type != "cuda" or min(q_block, kv_block) >= 128:
+        return None
+    return {"BLOCK_M": q_block, "BLOCK_N": kv_block}

@@ -93,3 +93,21 @@ def test_the_table_reports_its_own_timings_and_both_errors(bench, monkeypatch):
         s = result["summary"][name]["speed_vs_sdpa"]
         assert math.isclose(s["geomean"], math.prod(mine) ** (1 / len(mine)))
         assert s["min"] == min(mine)
+
+
+def test_flexattention_tiles_divide_the_block_masks_blocks():
+    """FlexAttention on a GPU refused 64-row BlockMask blocks with its own 128-row tiles
+    (the GPU check's bench_block_sparse); the benchmarks ask for the mask's block size
+    there, and leave torch's choice alone on the CPU and for blocks of 128."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from common import flex_kernel_options
+
+    def causal(b, h, i, j):
+        return j <= i
+
+    small = create_block_mask(causal, None, None, 256, 256, device="cpu", BLOCK_SIZE=64)
+    assert flex_kernel_options(small, "cuda") == {"BLOCK_M": 64, "BLOCK_N": 64}
+    assert flex_kernel_options(small, "cpu") is None
+    large = create_block_mask(causal, None, None, 256, 256, device="cpu")
+    assert flex_kernel_options(large, torch.device("cuda", 0)) is None
