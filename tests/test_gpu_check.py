@@ -150,6 +150,13 @@ def test_a_rerun_updates_its_entries_and_says_so(tool):
     assert merged["benchmarks"]["bench_flash"]["status"] == "passed" and merged["tests"] == old["tests"]
     assert merged["reruns"] == [{"commit": "bbbbbbbbbbbbbbbb", "date": "d1", "seconds": 90,
                                  "chapters": ["kernel_lab"], "tests": [], "benchmarks": ["bench_flash"]}]  # fmt: skip
+    merged["environment"].update(python="3.12", torch="2.11", device="H200")
+    merged["tests"] = {}
+    merged["benchmarks"]["bench_flash"].update(seconds=60, command="x", output="table")
+    merged["chapters"] = [{**c, "seconds": 1.0, "failure": None} for c in merged["chapters"]]
+    text = tool.markdown(merged)
+    assert "Re-run at commit `bbbbbbbbbbbb` (d1, 90 s): kernel_lab, bench_flash." in text
+    assert "| kernel_lab (re-run at `bbbbbbbbbbbb`) | passed |" in text
 
 
 def test_the_benchmarks_arguments_parse(tool):

@@ -324,6 +324,12 @@ def markdown(report: dict) -> str:
         f"{env.get('triton')}, driver {env.get('driver')}, compute capability "
         f"{'.'.join(map(str, env.get('capability') or []))}.",
         f"Written by `tools/gpu_check.py run` in {report['seconds']:.0f} s.",
+    ]
+    for again in report.get("reruns", []):
+        steps = ", ".join(again["chapters"] + again["tests"] + again["benchmarks"])
+        lines.append(f"Re-run at commit `{(again['commit'] or 'unknown')[:12]}` "
+                     f"({again['date']}, {again['seconds']:.0f} s): {steps}.")
+    lines += [
         "",
         "## Chapters",
         "",
