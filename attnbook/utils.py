@@ -17,6 +17,7 @@ from .contract import check_flag, check_int, check_sizes
 __all__ = [
     "seed_everything",
     "default_device",
+    "gpu_report",
     "single_thread",
     "show_source",
     "largest_new_tensor",
@@ -61,6 +62,41 @@ def default_device() -> torch.device:
                 f"cuda, cuda:1, mps), got {name!r}"
             ) from None
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _report_folders(folder) -> list:
+    from pathlib import Path
+
+    if folder is not None:
+        return [Path(folder)]
+    here = [Path.cwd(), *Path.cwd().parents, Path(__file__).resolve().parents[1]]
+    return [p / "benchmarks" / "results" / "gpu" for p in here]
+
+
+def gpu_report(device: str | None = None, *, folder=None) -> dict | None:
+    """The committed GPU report, read as the chapters show it: what ``make gpu-check``
+    measured on a GPU (``benchmarks/results/gpu/<device>.json``: the device, versions,
+    date and commit, each chapter's time and status, the GPU tests and the benchmarks).
+
+    ``device`` picks a report by its file name (``"nvidia-h200"``); by default the
+    newest. The folder is ``folder``, else ``benchmarks/results/gpu`` in the working
+    directory or above it, or beside the package's source. ``None`` where there is none:
+    a copy of the package installed without the book's repository.
+    """
+    import json
+
+    if device is not None and not isinstance(device, str):
+        raise TypeError(f"gpu_report: device must be a str or None, got {device!r:.40}")
+    for found in _report_folders(folder):
+        reports = sorted(found.glob("*.json")) if found.is_dir() else []
+        if device is not None:
+            reports = [p for p in reports if p.stem == device]
+        if reports:
+            read = [json.loads(p.read_text()) for p in reports]
+            return max(read, key=lambda r: r["environment"]["date"])
+    if device is not None and folder is not None:
+        raise ValueError(f"gpu_report: no report for device {device!r} in {folder}")
+    return None
 
 
 @contextlib.contextmanager

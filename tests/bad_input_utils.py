@@ -6,7 +6,14 @@ import os
 
 from test_bad_input import Bad
 
-from attnbook.utils import check_positive, default_device, largest_new_tensor, seed_everything, show_source
+from attnbook.utils import (
+    check_positive,
+    default_device,
+    gpu_report,
+    largest_new_tensor,
+    seed_everything,
+    show_source,
+)
 
 
 def _device_from_env(name: str):
@@ -26,6 +33,9 @@ def _example(x):
 
 
 ROWS = [
+    Bad("gpu_report", "wrong-type", lambda: gpu_report(3), ("gpu_report", "device")),
+    Bad("gpu_report", "out-of-range", lambda: gpu_report("no-such-gpu", folder=os.path.dirname(__file__)),
+        ("gpu_report", "device")),
     Bad("seed_everything", "non-integer", lambda: seed_everything(2.5), ("seed_everything", "seed")),
     Bad("seed_everything", "negative", lambda: seed_everything(-1), ("seed_everything", "seed")),
     Bad("seed_everything", "boolean", lambda: seed_everything(True), ("seed_everything", "seed")),
