@@ -236,12 +236,15 @@ def _check_layer(fn: str, layer, n_layers: int) -> None:
         raise ValueError(f"{fn}: layer must be in [0, {n_layers}), got {layer}")
 
 
+_ONE_LAYER = object()  # PagedKVCache's pool: no layer index to check
+
+
 def _check_update(fn, cache, layer, k_new, v_new, names=("k_new", "v_new")) -> None:
     """The contract's rule of a cache update, and floating ``k_new``, ``v_new`` (an
     integer tensor would be cast silently into the buffer)."""
     check_float(fn, names[0], k_new)
     check_float(fn, names[1], v_new)
-    if layer is None:  # PagedKVCache: one layer, (n_kv_heads, T, head_dim)
+    if layer is _ONE_LAYER:  # PagedKVCache: one layer, (n_kv_heads, T, head_dim)
         check_cache_update(
             fn, k_new, v_new, cache.shape[1:2], cache.shape[-1], names=names
         )
@@ -760,7 +763,7 @@ class PagedKVCache:
         """Append ``T`` positions ``k, v: (n_kv_heads, T, head_dim)`` to ``seq_id``,
         taking blocks as needed."""
         table = self._table(seq_id, "PagedKVCache.append")
-        _check_update("PagedKVCache.append", self.k_pool, None, k, v, ("k", "v"))
+        _check_update("PagedKVCache.append", self.k_pool, _ONE_LAYER, k, v, ("k", "v"))
         n, T = self.lengths[seq_id], k.shape[-2]
         needed = -(-(n + T) // self.block_size) - len(table)
         if needed > len(self.free_blocks):

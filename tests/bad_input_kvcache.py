@@ -87,6 +87,7 @@ ROWS = [
     Bad("KVCache", "non-integer", lambda: KVCache(2, 2, 1, 4, 8.0), ("KVCache", "max_len")),
     Bad("KVCache", "boolean", lambda: KVCache(True, 2, 1, 4, 8), ("KVCache", "n_layers")),
     Bad("KVCache", "wrong-dtype", lambda: KVCache(2, 2, 1, 4, 8, dtype=torch.int64), ("KVCache", "dtype")),
+    Bad("KVCache.update", "wrong-type", lambda: _cache().update(None, _KN, _KN), ("KVCache.update", "layer")),
     Bad("KVCache.update", "out-of-range", lambda: _cache().update(2, _KN, _KN), ("KVCache.update", "layer")),
     Bad("KVCache.update", "wrong-shape", lambda: _cache().update(0, _KN[..., :3], _KN[..., :3]),
         ("KVCache.update", "k_new")),

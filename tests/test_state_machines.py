@@ -221,6 +221,13 @@ class AppendCacheMachine(RuleBasedStateMachine):
         with pytest.raises(ValueError):
             self.cache.update(layer, k, v)
 
+    @rule(data=st.data())
+    def reject_bad_layer(self, data):
+        """Any layer outside ``[0, n_layers)`` or not an int: refused, nothing changes."""
+        k, v = self.entries(0, 1)
+        layer = data.draw(bad_layers(self.n_layers), label="layer")
+        refuses_layer(lambda bad: self.cache.update(bad, k, v), layer)
+
     @rule(seed=st.integers(0, 10**6))
     def rollback(self, seed):
         """``truncate_cache`` (a rejected draft): every layer back to ``length``
@@ -384,6 +391,14 @@ class StaticCacheMachine(RuleBasedStateMachine):
         with pytest.raises((ValueError, TypeError)):
             self.cache.update(layer, k, k.clone())
 
+    @rule(data=st.data())
+    def reject_bad_layer(self, data):
+        """Any layer outside ``[0, n_layers)`` or not an int: refused, nothing changes."""
+        shape = (self.B, self.Hk, self.count, self.D)
+        k = randn(0, *shape)
+        layer = data.draw(bad_layers(self.n_layers), label="layer")
+        refuses_layer(lambda bad: self.cache.update(bad, k, k), layer)
+
     def visible(self, real):
         """Bool ``(B, count, max_len)``, written out slot by slot."""
         out = torch.zeros(self.B, self.count, self.max_len, dtype=torch.bool)
@@ -505,6 +520,13 @@ class RingCacheMachine(RuleBasedStateMachine):
         keys, values = self.select(layer, self.held_positions(len(self.model[layer])))
         out = run_decode(q, k_held.contiguous(), v_held.contiguous(), [keys.shape[-2]] * self.B)
         close(out, dense_decode(q, keys, values), **DECODE_TOL)
+
+    @rule(data=st.data())
+    def reject_bad_layer(self, data):
+        """Any layer outside ``[0, n_layers)`` or not an int: refused, nothing changes."""
+        k = randn(0, self.B, self.Hk, 1, self.D)
+        layer = data.draw(bad_layers(self.n_layers), label="layer")
+        refuses_layer(lambda bad: self.cache.update(bad, k, k), layer)
 
     @rule()
     def rollback_is_refused(self):
