@@ -121,6 +121,15 @@ def _check_scores(fn: str, q, k, *, same_dim: bool = True, scale=None) -> None:
         check_real(fn, "scale", scale)
 
 
+def _check_default_scale(fn: str, q, scale) -> None:
+    """The default ``1 / sqrt(E)`` is undefined for ``E = 0``: say so (it divided by 0)."""
+    if scale is None and q.shape[-1] == 0:
+        raise ValueError(
+            f"{fn}: q has head dim 0, so the default scale 1/sqrt(E) is undefined: "
+            f"pass scale= (q {tuple(q.shape)})"
+        )
+
+
 def dot_score(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """Luong's dot score ``e_ij = q_i . k_j``. Shapes ``(..., L, E)``, ``(..., S, E)``
     -> ``(..., L, S)``."""
@@ -133,6 +142,7 @@ def scaled_dot_score(
 ) -> torch.Tensor:
     """Transformer score ``e_ij = q_i . k_j / sqrt(E)`` (or ``* scale`` when given)."""
     _check_scores("scaled_dot_score", q, k, scale=scale)
+    _check_default_scale("scaled_dot_score", q, scale)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     # scaling q (L x E) is cheaper than scaling the L x S scores
     return dot_score(q * scale, k)
@@ -288,6 +298,7 @@ def _check_sdpa(q, k, v, is_causal, scale, dropout_p, return_weights, gqa) -> No
     ):
         check_flag(fn, name, flag)
     check_qkv(fn, q, k, v, gqa=bool(gqa))
+    _check_default_scale(fn, q, scale)
     check_real(fn, "dropout_p", dropout_p)
     check_dropout(fn, dropout_p)
     if scale is not None:

@@ -514,7 +514,8 @@ def tiled_attention_forward(
         fn, q, window_size, alibi_slopes, softcap
     )
     (B, H, L, E), (Hkv, S, Ev) = q.shape, v.shape[1:]
-    scale, g, acc_dtype = default_scale(scale, E), H // Hkv, _accumulation_dtype(q)
+    scale, g = default_scale(scale, E), _group(H, Hkv)
+    acc_dtype = _accumulation_dtype(q)
     # (B Hkv, g, L, E): the g query heads of a key head side by side
     q = q.reshape(B * Hkv, g, L, E)
     k, v = k.reshape(B * Hkv, S, E), v.reshape(B * Hkv, S, Ev)
@@ -524,7 +525,8 @@ def tiled_attention_forward(
     for i0 in range(0, L, block_q):
         i1 = min(i0 + block_q, L)
         rows = torch.arange(i0, i1, device=q.device)
-        qi = (q[:, :, i0:i1].to(acc_dtype) * scale).reshape(B * Hkv, -1, E)
+        n = g * (i1 - i0)  # the block's rows of all g heads (sizes, not -1: B may be 0)
+        qi = (q[:, :, i0:i1].to(acc_dtype) * scale).reshape(B * Hkv, n, E)
         m = qi.new_full(qi.shape[:2], -math.inf)
         l, acc = qi.new_zeros(qi.shape[:2]), qi.new_zeros(*qi.shape[:2], Ev)
         # only the keys some row of the block may see (causal diagonal, window)
@@ -537,7 +539,7 @@ def tiled_attention_forward(
                 cols = torch.arange(j0, j1, device=q.device)
                 s = _tile_scores(s.view(B, H, i1 - i0, j1 - j0), rows, cols, L, S,
                                  is_causal, window, slopes, softcap)[0]  # fmt: skip
-                s = s.reshape(B * Hkv, -1, j1 - j0)
+                s = s.reshape(B * Hkv, n, j1 - j0)
             m, l, acc = _fold_tile(m, l, s, acc, vj)
         out[:, :, i0:i1] = (acc / torch.where(l > 0, l, 1.0)[..., None]).view(
             B * Hkv, g, i1 - i0, Ev
@@ -620,7 +622,8 @@ def tiled_attention_backward(
         fn, q, window_size, alibi_slopes, softcap
     )
     (B, H, L, E), (Hkv, S, Ev) = q.shape, v.shape[1:]
-    scale, g, acc_dtype = default_scale(scale, E), H // Hkv, _accumulation_dtype(q)
+    scale, g = default_scale(scale, E), _group(H, Hkv)
+    acc_dtype = _accumulation_dtype(q)
     # (B Hkv, g, L, .): the g query heads of a key head side by side, as in the forward
     qa, do, o = (
         x.reshape(B * Hkv, g, L, x.shape[-1]).to(acc_dtype) for x in (q, grad_out, out)
@@ -634,9 +637,10 @@ def tiled_attention_backward(
     for i0 in range(0, L, block_q):
         i1 = min(i0 + block_q, L)
         rows = torch.arange(i0, i1, device=q.device)
-        qi, doi = (x[:, :, i0:i1].reshape(B * Hkv, -1, x.shape[-1]) for x in (qa, do))
-        lse_i = lse_safe[:, :, i0:i1].reshape(B * Hkv, -1, 1)
-        delta_i = delta[:, :, i0:i1].reshape(B * Hkv, -1, 1)
+        n = g * (i1 - i0)  # the block's rows of all g heads (sizes, not -1: B may be 0)
+        qi, doi = (x[:, :, i0:i1].reshape(B * Hkv, n, x.shape[-1]) for x in (qa, do))
+        lse_i = lse_safe[:, :, i0:i1].reshape(B * Hkv, n, 1)
+        delta_i = delta[:, :, i0:i1].reshape(B * Hkv, n, 1)
         dqi = qi.new_zeros(qi.shape)
         lo, hi = key_range(i0, i1, L, S, is_causal=is_causal, window_size=window)
         for j0 in range(lo, hi, block_k):
@@ -647,7 +651,7 @@ def tiled_attention_backward(
                 (qi @ kj.transpose(-1, -2) * scale).view(B, H, i1 - i0, j1 - j0),
                 rows, cols, L, S, is_causal, window, slopes, softcap,
             )  # fmt: skip
-            s = s.reshape(B * Hkv, -1, j1 - j0)
+            s = s.reshape(B * Hkv, n, j1 - j0)
             p = torch.exp(s - lse_i)
             dv[:, j0:j1] += p.transpose(-1, -2) @ doi  # sums over the g heads' rows
             ds = p * (doi @ vj.transpose(-1, -2) - delta_i)
@@ -877,6 +881,11 @@ def _check_cu_seqlens(
             f"given for {name} ({max_len})"
         )
     return offsets
+
+
+def _group(H: int, Hkv: int) -> int:
+    """Query heads per key/value head (0 when there are no heads at all)."""
+    return H // Hkv if Hkv else 0
 
 
 def _zeros_on_graph(x: torch.Tensor, width: int) -> torch.Tensor:

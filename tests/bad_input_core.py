@@ -78,6 +78,11 @@ ROWS = [
         ("attention_entropy", "normalize")),
     Bad("attention_entropy", "wrong-shape", lambda: attention_entropy(_S.softmax(-1), torch.ones(3, dtype=torch.bool)),
         ("attention_entropy", "attn_mask")),
+    Bad("scaled_dot_product_attention", "zero", lambda: scaled_dot_product_attention(
+        torch.randn(1, 2, 3, 0), torch.randn(1, 2, 3, 0), torch.randn(1, 2, 3, 4)),
+        ("scaled_dot_product_attention", "scale", "head dim 0")),
+    Bad("scaled_dot_score", "zero", lambda: scaled_dot_score(torch.randn(2, 0), torch.randn(3, 0)),
+        ("scaled_dot_score", "scale")),
     Bad("scaled_dot_product_attention", "integer-dtype", lambda: scaled_dot_product_attention(
         _Q.long(), _K.long(), _V.long()), ("scaled_dot_product_attention", "q")),
     Bad("scaled_dot_product_attention", "nan", lambda: scaled_dot_product_attention(_Q, _K, _V, scale=_NAN),

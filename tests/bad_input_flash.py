@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
-from test_bad_input import Bad
+from test_bad_input import Bad, Edge
 
 from attnbook.flash import (
     block_sparse_flash_attention,
@@ -57,6 +57,12 @@ ROWS = [
         ("tiled_attention_backward", "block_q")),
     Bad("tiled_attention_backward", "wrong-shape", lambda: tiled_attention_backward(
         _Q, _Q, _Q, _OUT, _LSE, _OUT[..., :2]), ("tiled_attention_backward", "grad_out")),
+    # empty batch, no heads: SDPA's empty result (it was a reshape error and a ZeroDivisionError)
+    Edge("flash_attention", "empty", lambda: flash_attention(*(torch.randn(0, 2, 3, 4) for _ in range(3))),
+         lambda out: out.shape == (0, 2, 3, 4)),
+    Edge("flash_attention", "zero", lambda: flash_attention(*(torch.randn(1, 0, 3, 4) for _ in range(3)),
+                                                            is_causal=True),
+         lambda out: out.shape == (1, 0, 3, 4)),
     Bad("flash_attention", "wrong-type", lambda: flash_attention(_Q, _Q, _Q, is_causal="False"),
         ("flash_attention", "is_causal")),
     Bad("flash_attention", "nan", lambda: flash_attention(_Q, _Q, _Q, scale=math.inf), ("flash_attention", "scale")),

@@ -731,3 +731,24 @@ def test_tiled_path_never_copies_k_and_v_for_grouped_query_attention(H, H_kv):
     torch.testing.assert_close(out, reference.detach(), atol=1e-5, rtol=1e-5)
     for got, want in zip(tiled_attention_backward(q, k, v, out, lse, grad, **tiles), expected):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(0, 2, 5, 4), (1, 0, 5, 4), (2, 2, 0, 4), (0, 0, 0, 4)])
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_flash_attention_on_empty_shapes_equals_sdpa_and_backpropagates(shape, is_causal):
+    """No batch, no heads or no queries: SDPA's empty output, and a backward pass that gives
+    empty gradients (a reshape of -1 and H // Hkv failed on these)."""
+    q, k, v = (torch.randn(*shape, requires_grad=True) for _ in range(3))
+    out = flash_attention(q, k, v, is_causal=is_causal)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    assert out.shape == ref.shape
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape
+
+
+def test_flash_attention_with_a_head_dim_of_zero_and_a_scale_equals_sdpa():
+    q, k = torch.randn(1, 2, 3, 0), torch.randn(1, 2, 6, 0)
+    v = torch.randn(1, 2, 6, 5)
+    out = flash_attention(q, k, v, scale=1.0)
+    ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=1.0)
+    assert torch.allclose(out, ref)  # every score 0: the mean of the values
