@@ -72,3 +72,17 @@ def test_the_tiers_page_shows_the_measured_chapter_times():
         assert shown.startswith(expected), (c["chapter"], shown, expected)
     env = report["environment"]
     assert env["device"] in table and env["torch"] in table and env["triton"] in table
+
+
+def test_the_kv_cache_chapter_quotes_the_reports_numbers():
+    """The decode kernel's and generation's GPU numbers in the KV-cache chapter are the
+    ones the report's bench_kvcache and bench_decode printed."""
+    nb = json.loads((ROOT / "book" / "kv_cache.ipynb").read_text())
+    prose = next("".join(c["source"]) for c in nb["cells"] if c.get("id") == "kvcache-gpu-report")
+    report = gpu_report()
+    printed = report["benchmarks"]["bench_kvcache"]["output"] + report["benchmarks"]["bench_decode"]["output"]
+    device = set(_numbers(report["environment"]["device"]))
+    quoted = [n for n in _numbers(re.sub(r"\{[^}]*\}`[^`]*`", "", prose)) if n not in device]
+    assert quoted and all(n in printed for n in quoted), [n for n in quoted if n not in printed]
+    for ratio in ("0.21", "0.04", "0.51", "0.11"):
+        assert ratio in prose
