@@ -903,7 +903,7 @@ def decode_attention(
     it returns ``(out, backend)``, the backend that ran. ``backend="triton"`` on a
     CPU tensor needs Triton's interpreter (``TRITON_INTERPRET=1`` set before the
     kernels are first imported); without it, or without Triton, a ``RuntimeError``
-    says what is missing (:func:`attnbook.kernels.triton_missing`).
+    says what is missing (``attnbook.kernels.triton_missing``).
     """
     fn = "decode_attention"
     if backend not in ("auto", "triton", "torch"):

@@ -1483,7 +1483,7 @@ def outlier_channel_ratio(k: torch.Tensor) -> torch.Tensor:
     """How much the largest channel dominates: for keys ``(..., seq, head_dim)``, the
     mean absolute value of each channel over the tokens, ``m_c``, then ``max_c m_c /
     median_c m_c``, shape ``(...)`` (one number per head; for an even ``head_dim`` the
-    median is the lower of the two middle values, as :func:`torch.median` takes it).
+    median is the lower of the two middle values, as ``torch.median`` takes it).
     Close to 1 when channels are alike; large when a few channels carry outliers,
     which is why KIVI quantizes keys per channel. A head whose median channel is all
     zeros gives ``inf`` (``nan`` if every channel is)."""
