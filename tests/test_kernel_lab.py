@@ -145,12 +145,96 @@ def test_recorder_counts_only_the_lanes_a_mask_lets_through(gen):
     assert len(record.loads) == 3
 
 
-def test_launcher_reports_the_key_tiles_each_program_loaded(gen):
+def test_launcher_reports_the_key_tiles_each_program_loaded_and_the_dots_on_each(gen):
     q, k, v = (torch.randn(48, 16, generator=gen) for _ in range(3))
-    *_, tiles = lab.attention_forward(solution(*FORWARD), q, k, v, True, record_tiles=True)
-    assert torch.equal(tiles, torch.ones(3, 3, dtype=torch.bool).tril())
-    *_, tiles = lab.attention_forward(lab.causal_kernel_without_bound(), q, k, v, True, record_tiles=True)
-    assert tiles.all()
+    *_, record = lab.attention_forward(solution(*FORWARD), q, k, v, True, record_tiles=True)
+    below = torch.ones(3, 3, dtype=torch.long).tril()
+    assert torch.equal(record["loads"], below)  # one load of K per tile it needs
+    assert torch.equal(record["dots"], torch.cat([2 * below, torch.zeros(3, 1, dtype=torch.long)], 1))
+    *_, record = lab.attention_forward(lab._two_pass_forward, q, k, v, True, record_tiles=True)
+    assert (record["loads"] == 2).all() and (record["dots"][:, :3] == 3).all()  # two passes, all tiles
+    dk, dv, record = lab.attention_backward(solution(*BACKWARD), q, k, v, q, torch.zeros(48), v, True,
+                                            record_tiles=True)
+    assert torch.equal(record["loads"], below.T)  # key tile j walks the query tiles from j on
+    assert torch.equal(record["dots"][:, :3], 4 * below.T) and not record["dots"][:, 3].any()  # 4 dots
+
+
+def test_a_dot_on_a_fully_masked_tile_counts_as_work_and_tiles_past_the_end_have_a_column(gen):
+    """A tile whose loads the mask turns off entirely loads nothing, but a tl.dot on it is work:
+    it counts for the tile the pointers address, or for the column past the last tile."""
+    q, k, v = (torch.randn(n, 16, generator=gen) for n in (20, 40, 40))
+    one_more = wrong_kernel(*FORWARD, [("for start in range(0, hi, BLOCK_N):",
+                                        "for start in range(0, hi + BLOCK_N, BLOCK_N):")], "one_more")
+    out, _, record = lab.attention_forward(one_more, q, k, v, False, record_tiles=True)
+    torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v), atol=1e-5, rtol=1e-5)
+    assert record["loads"].tolist() == [[1, 1, 1]] * 2  # the step past S loads nothing...
+    assert record["dots"].tolist() == [[2, 2, 2, 2]] * 2  # ...but runs its two dots there
+
+
+def test_each_output_has_a_row_stride_of_its_own_and_nan_rows_before_and_after(gen):
+    """A kernel that walks one tensor with another's row stride must leave it: no two tensors of a
+    launch share a row stride, and each output sits between 16 rows of NaN."""
+    q, k, v = (torch.randn(n, 16, generator=gen) for n in (20, 37, 37))
+    out, lse = lab.attention_forward(solution(*FORWARD), q, k, v, True)
+    dk, dv = lab.attention_backward(solution(*BACKWARD), q, k, v, out, lse, q, True)
+    assert out.stride(0) != 16 and len({16, dk.stride(0), dv.stride(0)}) == 3  # q, k, v's are 16
+    for t in (out, dk, dv, lse):
+        room = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage())
+        below = room[: t.storage_offset()]
+        assert t.storage_offset() >= 16 * t.stride(0) and torch.isnan(below).all()
+    again, _ = lab.attention_forward(solution(*FORWARD), q, k, v, True)
+    assert again.stride() == out.stride()  # drawn from the inputs' strides: a launch repeats
+
+
+def test_a_load_outside_its_tensor_raises_and_says_where_and_why(gen):
+    """Under the interpreter the launchers refuse a load that leaves the tensors, which a masked
+    store would hide: a ragged tile not masked, an offset gone negative, another tensor's stride."""
+    a, b = torch.randn(37, 29, generator=gen), torch.randn(29, 18, generator=gen)
+    rows = wrong_kernel(*MATMUL, [("mask=(rows[:, None] < M) & (ks[None, :] < K)", "mask=ks[None, :] < K")],
+                        "unit_rows")
+    with pytest.raises(AssertionError, match=r"loaded outside a \(37, 29\) \(program \(2, 0\): a\[37, 0\]\): "
+                       r"the last, ragged tile read past the end of a \(37 rows\): mask the load with rows < M"):
+        lab.matmul(rows, a, b)
+    q, k, v = (torch.randn(n, 16, generator=gen) for n in (20, 50, 50))
+    negative = wrong_kernel(*BACKWARD, [("lo = tl.maximum(0, tl.program_id(0) * BLOCK_N - (S - L))",
+                                         "lo = (tl.program_id(0) * BLOCK_N - (S - L))")], "unit_negative")
+    with pytest.raises(AssertionError, match=r"loaded outside q \(20, 16\) \(program 0: q\[-16, 0\]\): a row "
+                       r"before the first, from an offset that went negative"):
+        lab.attention_backward(negative, q, k, v, q, torch.zeros(20), q, True)
+    stride = wrong_kernel(*FORWARD, [("* stride_v", "* stride_k")], "unit_stride")
+    k_wide, v_wide = (torch.randn(50, n, generator=gen)[:, :16] for n in (32, 48))  # q's rows: 16 apart
+    with pytest.raises(AssertionError, match=r"loaded outside v \(50, 16\) \(program 0\): it steps 32 elements "
+                       r"from one row of v to the next, k's row stride \(stride_k\), but v's rows are 48 apart: "
+                       r"use stride_v for v"):
+        lab.attention_forward(stride, q, k_wide, v_wide, False)
+
+
+@pytest.mark.parametrize("salt", [0, 1, 2**40 + 11])
+def test_the_attention_checks_draw_every_residue_of_s_minus_l_and_a_thousand_tokens(salt):
+    """The causal bound off by one shows for one residue of S - L modulo the tiles, float16
+    accumulators past a thousand keys or queries: every run of a check has both, whatever its seed."""
+    from attnbook.exercises import kernel_lab as checks
+    from attnbook.exercises.common import fresh_inputs, generator
+
+    with fresh_inputs(salt):
+        forward = checks._attention_shapes(generator(252), checks._long_forward(generator(1)))
+        backward = checks._attention_shapes(generator(253), checks._long_backward(generator(2)))
+        layouts = [checks._layout(generator(254 + i), (3, 4)) for i in range(5)]
+    for cases in (forward, backward):
+        causal = [(L, S) for L, S, _, is_causal, *_ in cases if is_causal]
+        assert {(S - L) % 16 for L, S in causal} == set(range(16))
+        assert any(S - L >= 16 for L, S in causal) and any(L >= 17 and S < L for L, S in causal)
+        assert any(S % 16 and not is_causal for _, S, _, is_causal, *_ in cases)  # a ragged last key tile
+        assert all(L >= 1 and S >= 1 for L, S, *_ in cases)
+    assert any(S >= 1000 and dtype == torch.float16 for _, S, _, _, dtype, _ in forward)
+    assert any(L >= 1000 and dtype == torch.float16 for L, _, _, _, dtype, _ in backward)
+    for layout in layouts:  # the ragged last key block read, an empty row, a block no row reads
+        assert layout[:, -1].any() and (~layout.any(1)).any() and (~layout.any(0)).any()
+
+
+def test_the_chapters_wasteful_kernel_is_not_part_of_the_api():
+    assert "causal_kernel_without_bound" not in lab.__all__ and not hasattr(lab, "causal_kernel_without_bound")
+    assert not any(name.startswith("_") for name in lab.__all__)
 
 
 def test_plot_loads_draws_one_panel_per_program(gen):
@@ -450,11 +534,14 @@ exact = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True
 sys.path.insert(0, sys.argv[1])
 from solutions import softmax_kernel  # defined here with the interpreter off
 verdict = run_check("kernel-lab-softmax", functools.partial(lab.softmax, softmax_kernel))
+wasteful = run_check("kernel-lab-attention-forward",
+                     functools.partial(lab.attention_forward, lab._two_pass_forward))
 print(json.dumps({
     "error": (out - exact).abs().max().item(),
     "tiles": {str(p[0]): t for p, t in record.tiles("K", block=32).items()},
     "restored": JITFunction.run is run and os.environ["TRITON_INTERPRET"] == "0",
     "softmax": [verdict.passed, verdict.message],
+    "wasteful": [wasteful.passed, wasteful.message],
 }))
 '''
 
@@ -479,6 +566,7 @@ def test_the_lab_runs_where_the_interpreter_is_off(tmp_path):
     assert result["tiles"] == {"0": [0], "1": [0, 1]}  # the upper triangle skipped
     assert result["restored"]
     assert result["softmax"][0], result["softmax"][1]
+    assert not result["wasteful"][0] and "loaded key tile" in result["wasteful"][1]  # the record works there
 
 
 def test_launches_compile_float32_products_exactly(monkeypatch):

@@ -3,11 +3,22 @@
 
 Each check receives the launcher bound to the student's kernel
 (``functools.partial(lab.softmax, softmax_kernel)``), so in the grader the kernel runs
-where the student's code runs and only tensors cross. Inputs lie inside a guard band of
-NaN (rows and columns past the end read as NaN), so a load that leaves its tensor shows
-up as NaN in the output; the launchers catch stores that leave theirs. Accuracy follows
-FlashAttention-2's rule: the error against a float64 reference is at most twice the
-error of PyTorch in the kernel's dtype, plus a small absolute slack.
+where the student's code runs and only tensors cross. Every input lies in a buffer of
+its own whose guard band holds NaN (16 rows before and after it, and extra columns
+that give each tensor a row stride of its own, drawn per run), so a load that leaves
+its tensor, or walks it with another tensor's stride, shows up as NaN; under Triton's
+interpreter the launchers also refuse any load outside the tensors and any store
+outside the outputs, saying where and why. Accuracy follows FlashAttention-2's rule:
+the error against a float64 reference is at most twice the error of PyTorch in the
+kernel's dtype, plus a small absolute slack, up to a thousand keys or queries, where
+float16 accumulators fail it.
+
+The attention checks draw their shapes from the check's generator (a secret seed in
+the grader): sixteen causal cases whose ``S - L`` takes every residue modulo the 16-row
+tiles, so a causal bound off by one meets the case where it drops or adds a tile. They
+also count the work each program does (:func:`attnbook.kernels.lab.attention_forward`'s
+``record_tiles``): the tiles it loads and the ``tl.dot`` calls it runs on each, so a
+kernel that masks the loads of a tile it should skip still fails.
 
 After a pass, ``attnbook.exercises.check`` prints what the kernel would cost on a T4, an
 A100 and an H100 (:func:`attnbook.kernels.lab.cost_report`: registers, spills and shared
@@ -32,12 +43,39 @@ _ATOL = {torch.float32: 1e-5, torch.float16: 1e-4}
 _BLOCK = 16  # attnbook.kernels.lab.BLOCK, without importing triton here
 
 
-def _padded(gen, rows: int, cols: int, dtype, scale: float = 1.0) -> torch.Tensor:
-    """``scale * randn(rows, cols)`` in ``dtype``, the view of a buffer whose extra 16
-    rows and columns hold NaN."""
-    room = torch.full((rows + 16, cols + 16), float("nan"), dtype=dtype)
-    room[:rows, :cols] = (scale * torch.randn(rows, cols, generator=gen)).to(dtype)
-    return room[:rows, :cols]
+_GUARD = 16  # rows of NaN before and after each input, and columns at least
+
+
+def _padded(
+    gen, rows: int, cols: int, dtype, taken: set, scale: float = 1.0, shift=0.0
+) -> torch.Tensor:
+    """``shift + scale * randn(rows, cols)`` in ``dtype``, the view of a buffer of its
+    own whose guard band holds NaN: 16 rows before and after it, and 16 to 47 extra
+    columns, drawn so that its row stride is none of ``taken`` (it joins them)."""
+    width = cols + int(torch.randint(_GUARD, 3 * _GUARD, (1,), generator=gen))
+    while width in taken:
+        width += 1
+    taken.add(width)
+    room = torch.full((rows + 2 * _GUARD, width), float("nan"), dtype=dtype)
+    view = room[_GUARD : _GUARD + rows, :cols]
+    view.copy_((shift + scale * torch.randn(rows, cols, generator=gen)).to(dtype))
+    return view
+
+
+def _draw(gen, low: int, high: int) -> int:
+    """A random int in ``low..high`` (both included)."""
+    return int(torch.randint(low, high + 1, (1,), generator=gen))
+
+
+def _run(student, what: str, *args, **kwargs):
+    """:func:`call_student`, with the launcher's own verdicts (a load or a store
+    outside the tensors) prefixed by the case."""
+    try:
+        return call_student(student, what, *args, **kwargs)
+    except AssertionError as err:
+        if str(err).startswith(what):
+            raise
+        raise AssertionError(f"{what}: {err}") from None
 
 
 def _errors(got, exact, same_dtype) -> tuple[float, float]:
@@ -96,15 +134,29 @@ def _like(got, wrong, same_dtype, exact, dtype) -> bool:
 
 
 def _note(got, slips, same_dtype, exact, dtype) -> str:
-    for wrong, note in slips:
-        if wrong is not None and _like(got, wrong, same_dtype, exact, dtype):
-            return " " + note
-    return ""
+    """The note of the slip whose result ``got`` is like, leaving out the slips this
+    case cannot tell from the right result; a second slip alike here is named too."""
+    right, found = exact.to(dtype), []
+    for wrong, note in slips() if callable(slips) else slips:
+        if wrong is None or note in found:
+            continue
+        if _like(right, wrong, same_dtype, exact, dtype):  # this case cannot tell
+            continue
+        if _like(got, wrong, same_dtype, exact, dtype):
+            found.append(note)
+    if len(found) > 1:
+        return f" {found[0]} (Or, alike on this case: {found[1]})"
+    return " " + found[0] if found else ""
 
 
-def _verdict(got, expected_shape, exact, same_dtype, dtype, what, slips, nan_note):
+def _verdict(
+    got, expected_shape, exact, same_dtype, dtype, what, slips, nan_note, otherwise=None
+):
     """Fail with the first problem of ``got``: type, shape, a slip's signature, NaN,
-    or the error against the rule."""
+    or the error against the rule. ``slips`` (``(wrong result, note)`` pairs, or a
+    function that returns them, called only on a failure) name the mistake;
+    ``otherwise``, a function of the error's ratio to the rule's bound, gives the
+    note on an error that none of them explains."""
     assert isinstance(got, torch.Tensor), (
         f"{what}: the launcher returned {type(got).__name__}, not a tensor."
     )
@@ -126,8 +178,30 @@ def _verdict(got, expected_shape, exact, same_dtype, dtype, what, slips, nan_not
         f"{what}: max error {err:.3g} against the float64 reference; PyTorch in {name} "
         f"errs {err_pt:.3g}, and a kernel may err at most twice that plus the "
         f"{_rounding(exact, dtype):.2g} of rounding the exact result to {name}, plus "
-        f"{_ATOL[dtype]:g}: {_allowed(exact, same_dtype, dtype):.3g}." + note
+        f"{_ATOL[dtype]:g}: {_allowed(exact, same_dtype, dtype):.3g}."
+        + (note or _otherwise(otherwise, err / _allowed(exact, same_dtype, dtype)))
     )
+
+
+def _otherwise(note, ratio: float) -> str:
+    text = note(ratio) if note is not None else ""
+    return " " + text if text else ""
+
+
+def _float16_note(dtype, sums: str, accumulators: str):
+    """The note on a float16 error a few times the rule's bound at most: what float16
+    accumulators give, rounding at every tile of the ``sums``."""
+
+    def note(ratio: float) -> str:
+        if dtype != torch.float16 or ratio > 8:
+            return ""
+        return (
+            f"An error this near the rule in float16 is what float16 accumulators "
+            f"give, rounded at each of the {sums} summed here: keep {accumulators} in "
+            "float32 (tl.zeros(..., tl.float32)) and round once, when storing."
+        )
+
+    return note
 
 
 def _name(dtype) -> str:
@@ -211,11 +285,11 @@ def _check_softmax(student) -> None:
         (3, 50, torch.float16, 20.0),
     ]
     for rows, cols, dtype, scale in cases:
-        x = _padded(gen, rows, cols, dtype, scale)
+        x = _padded(gen, rows, cols, dtype, set(), scale)
         what = f"x of shape ({rows}, {cols}) in {_name(dtype)} (entries up to " + (
             f"{x.abs().max().item():.0f})"
         )
-        got = call_student(student, f"softmax for {what}", x)
+        got = _run(student, f"softmax for {what}", x)
         exact = torch.softmax(x.double(), -1)
         same = torch.softmax(x.float(), -1).to(dtype)
         _verdict(
@@ -238,8 +312,10 @@ def _check_softmax(student) -> None:
     "tl.dot(a, b); store acc in C's dtype with the mask rows < M & cols < N.",
 )
 def _check_matmul(student) -> None:
-    """``student(a, b)`` must equal ``a @ b`` within FlashAttention-2's rule, on
-    ragged shapes (no side a multiple of the 16-row tiles) in float32 and float16."""
+    """``student(a, b, record_tiles=True)`` must return ``(c, record)`` with ``c``
+    equal to ``a @ b`` within FlashAttention-2's rule, on ragged shapes (no side a
+    multiple of the 16-row tiles) in float32 and float16, its loads inside ``a`` and
+    ``b`` (under the interpreter) and no ``tl.dot`` past ``K``."""
     gen = generator(251)
     for M, K, N, dtype in [
         (16, 16, 16, torch.float32),
@@ -248,10 +324,15 @@ def _check_matmul(student) -> None:
         (35, 70, 48, torch.float16),
         (20, 5, 3, torch.float32),
     ]:
-        a = _padded(gen, M, K, dtype)
-        b = _padded(gen, K, N, dtype)
+        taken: set[int] = set()
+        a = _padded(gen, M, K, dtype, taken)
+        b = _padded(gen, K, N, dtype, taken)
         what = f"a ({M}, {K}) @ b ({K}, {N}) in {_name(dtype)}"
-        got = call_student(student, what, a, b)
+        got = _run(student, what, a, b, record_tiles=True)
+        assert isinstance(got, (tuple, list)) and len(got) == 2, (
+            f"{what}: the launcher must return (c, record), got {got!r:.80}."
+        )
+        got, record = got
         exact = a.double() @ b.double()
         same = (a.float() @ b.float()).to(dtype)
         slips = [
@@ -264,9 +345,17 @@ def _check_matmul(student) -> None:
         _verdict(
             got, (M, N), exact, same, dtype, what, slips,
             lambda _: f"K = {K} is not a multiple of BLOCK_K = {_BLOCK}: the last step "
-            "of your k-loop read past column K of a (and row K of b); mask those "
+            "of your k loop read past column K of a (and row K of b); mask those "
             "loads with ks < K and other=0.",
         )  # fmt: skip
+        past = record["dots"][:, -1].nonzero()[:, 0] if record is not None else []
+        if len(past):
+            i, j = divmod(int(past[0]), math.ceil(N / _BLOCK))
+            raise AssertionError(
+                f"{what}: your values are right, but program ({i}, {j}) ran tl.dot on "
+                f"a step of the k loop past K = {K}, on masked tiles: loop k0 over "
+                "range(0, K, BLOCK_K)."
+            )
 
 
 # --------------------------------------------------------------------------------------
@@ -303,17 +392,57 @@ def _tiled(q, k, v, allowed, scale, rescale_acc=True, rescale_l=True):
     return acc / torch.where(l_i > 0, l_i, 1.0)[:, None]
 
 
-def _bound_only(L: int, S: int) -> torch.Tensor:
-    """``(L, S)`` bool: the keys a causal kernel that bounds its loop but masks nothing
-    lets query ``i`` see (every key before its tile's bound)."""
-    bound = torch.clamp((torch.arange(L) // _BLOCK + 1) * _BLOCK + S - L, max=S)
-    return torch.arange(S)[None, :] < bound[:, None]
+def _bound_only(L: int, S: int, off: int = 0) -> torch.Tensor:
+    """``(L, S)`` bool: the keys of the key tiles a causal loop bounded at ``min(S,
+    (pid + 1) * BLOCK_M + S - L + off)`` walks for query ``i``: what its tile sees
+    when the kernel masks nothing but the keys past ``S``."""
+    bound = torch.clamp((torch.arange(L) // _BLOCK + 1) * _BLOCK + S - L + off, max=S)
+    end = torch.clamp(-(-bound // _BLOCK) * _BLOCK, min=0)  # whole tiles
+    return torch.arange(S)[None, :] < end[:, None]
 
 
-def _attention_cases(gen, cases):
-    for L, S, E, causal, dtype in cases:
-        q, k, v = (_padded(gen, n, E, dtype) for n in (L, S, S))
-        yield (L, S, E, causal, dtype), q, k, v
+def _walked_queries(L: int, S: int, off: int = 0) -> torch.Tensor:
+    """``(L, S)`` bool: the queries of the query tiles a backward loop walks for key
+    ``j`` when it starts at ``max(0, n0 - (S - L) + off)`` rounded down to a tile,
+    ``n0`` the first key of ``j``'s tile."""
+    first = torch.arange(S) // _BLOCK * _BLOCK - (S - L) + off
+    lo = torch.clamp(first, min=0) // _BLOCK * _BLOCK
+    return torch.arange(L)[:, None] >= lo[None, :]
+
+
+def _attention_shapes(gen, long_case: tuple) -> list[tuple]:
+    """The ``(L, S, E, causal, dtype, shift of v)`` cases of one check run, drawn from
+    ``gen``, in float32 and float16 by turns:
+
+    * sixteen causal ones whose ``S - L`` takes every residue modulo the 16-row tiles
+      (a causal bound off by one drops or adds a key tile for one residue only), from
+      -16 to -1, so the last row of the first query tile (``L >= 17``: a full one)
+      sees at most 15 keys and a key dropped from it shows;
+    * two causal ones with ``L <= S``, ``S - L`` below 16 and from 16 to 40 (a
+      backward loop that does not clamp its first query at 0 starts below it);
+    * two non-causal ones whose last key tile is ragged, one query against one key,
+      and ``long_case``."""
+    cases = []
+    for i, residue in enumerate(torch.randperm(_BLOCK, generator=gen).tolist()):
+        L = _draw(gen, 17, 56)
+        dtype = (torch.float32, torch.float16)[i % 2]
+        cases.append((L, L + residue - _BLOCK, (16, 32, 64)[_draw(gen, 0, 2)], True,
+                      dtype, 0.0))  # fmt: skip
+    for i, gap in enumerate((_draw(gen, 0, 15), _draw(gen, 16, 40))):
+        L = _draw(gen, 1, 40)
+        cases.append((L, L + gap, 32, True, (torch.float16, torch.float32)[i], 0.0))
+    for dtype in (torch.float16, torch.float32):
+        S = _BLOCK * _draw(gen, 1, 3) + _draw(gen, 1, _BLOCK - 1)
+        cases.append((_draw(gen, 1, 60), S, 16, False, dtype, 0.0))
+    return cases + [(1, 1, 16, False, torch.float32, 0.0), long_case]
+
+
+def _long_forward(gen) -> tuple:
+    """A short query tile against a thousand keys or more, in float16, the values near
+    1 (as a trained model's often are), so that a float16 accumulator's rounding, which
+    grows with the keys summed, breaks FlashAttention-2's rule."""
+    causal = bool(_draw(gen, 0, 1))
+    return (_draw(gen, 17, 48), _draw(gen, 1000, 1100), 16, causal, torch.float16, 1.0)
 
 
 def _reference(q, k, v, causal, scale):
@@ -330,6 +459,21 @@ def _reference(q, k, v, causal, scale):
     return exact, same, torch.logsumexp(scores, -1)
 
 
+def _zero_keys(k, v):
+    """``k`` and ``v`` in float64, padded with zero rows to whole tiles: what a kernel
+    that loads the ragged last tile with ``other=0`` and does not mask its scores
+    attends to."""
+    pad = -k.shape[0] % _BLOCK
+    extra = k.new_zeros(pad, k.shape[1], dtype=torch.float64)
+    return torch.cat([k.double(), extra]), torch.cat([v.double(), extra])
+
+
+_KEYS_PAST_S = (
+    "The keys past S in your last, ragged key tile (loaded as 0) count, with score 0: "
+    "set the scores of keys >= S to -inf (tl.where), not only their loads to 0."
+)
+
+
 def _needed_tiles(L: int, S: int, causal: bool) -> torch.Tensor:
     """``(query tiles, key tiles)`` bool: the key tiles a query tile has a visible key
     in."""
@@ -338,6 +482,66 @@ def _needed_tiles(L: int, S: int, causal: bool) -> torch.Tensor:
     padded = torch.zeros(tiles_q * _BLOCK, tiles_k * _BLOCK, dtype=torch.bool)
     padded[:L, :S] = allowed
     return padded.reshape(tiles_q, _BLOCK, tiles_k, _BLOCK).any(3).any(1)
+
+
+def _check_lse(lse, lse_exact, what) -> None:
+    """``lse`` must equal the float64 log-sum-exp, ``-inf`` where it is."""
+    L = lse_exact.shape[0]
+    assert isinstance(lse, torch.Tensor) and lse.shape == (L,), (
+        f"lse for {what}: expected a tensor of shape ({L},), got {lse!r:.60}."
+    )
+    ok = torch.equal(torch.isinf(lse), torch.isinf(lse_exact)) and not (
+        torch.isnan(lse).any()
+    )
+    finite = torch.isfinite(lse_exact)
+    some = ok and bool(finite.any())
+    err = (lse.double() - lse_exact)[finite].abs().max().item() if some else 0.0
+    top = lse_exact[finite].abs().max().item() if finite.any() else 0.0
+    if not ok or err > 1e-3 * max(1.0, top):
+        note = ""
+        if ok and torch.allclose(
+            lse.double()[finite], lse_exact[finite] / math.log(2), atol=1e-3
+        ):
+            note = " Your lse is in log2 units: store it in natural log, m + ln l."
+        raise AssertionError(
+            f"lse for {what}: expected the log-sum-exp of each row's scaled scores (m "
+            "+ log l; -inf for a query that sees no key), max error "
+            f"{err:.3g}, or -inf/NaN in the wrong places." + note
+        )
+
+
+_WASTE = ("loaded", "dot", "past", "twice")  # the order a check reports them in
+
+
+def _work(record, needed: torch.Tensor, found: dict, what: str) -> None:
+    """Add to ``found`` (by kind, the first case's only) the waste in a launcher's
+    ``record`` of each program's work, as ``(what, program, tile, times)``: a tile it
+    ``"loaded"`` but does not need, one it ran a ``"dot"`` on, a dot ``"past"`` the
+    last tile, a tile loaded ``"twice"`` or more."""
+    if record is None:
+        return
+    assert isinstance(record, dict) and {"loads", "dots"} <= set(record), (
+        f"{what}: the launcher's record of the work must be a dict with loads and "
+        f"dots, got {record!r:.80}."
+    )
+    loads, dots = record["loads"], record["dots"]
+    for kind, where in zip(_WASTE, (
+        (loads > 0) & ~needed,
+        (dots[:, :-1] > 0) & ~needed,
+        dots[:, -1:] > 0,
+        loads > 1,
+    )):  # fmt: skip
+        hits = where.nonzero()
+        if len(hits) and kind not in found:
+            program, tile = hits[0].tolist()
+            times = int(loads[program, min(tile, loads.shape[1] - 1)])
+            found[kind] = (what, program, tile, times)
+
+
+def _first_waste(found: dict) -> tuple | None:
+    """The waste a check reports of all it found: a tile that must be skipped before
+    a tile read twice."""
+    return next(((kind, *found[kind]) for kind in _WASTE if kind in found), None)
 
 
 def _empty_rows_note(L, S, causal):
@@ -358,6 +562,39 @@ def _empty_rows_note(L, S, causal):
     return note
 
 
+_BOUND = (
+    "bound the loop over key tiles at min(S, (pid + 1) * BLOCK_M + S - L), the causal "
+    "bound that skips the upper triangle (half the work)."
+)
+
+
+def _forward_waste(found) -> str:
+    kind, what, program, tile, times = found
+    who = f"program {program} (queries {program * _BLOCK}..)"
+    if kind == "loaded":
+        return (
+            f"{what}: your values are right, but {who} loaded key tile {tile}, whose "
+            f"keys none of its queries may see: {_BOUND}"
+        )
+    if kind == "dot":
+        return (
+            f"{what}: your values are right, but {who} ran tl.dot on key tile {tile}, "
+            "whose keys none of its queries may see (masking its loads does not skip "
+            f"the work): {_BOUND}"
+        )
+    if kind == "past":
+        return (
+            f"{what}: your values are right, but {who} ran tl.dot on a key tile past "
+            "S: loop over range(0, hi, BLOCK_N) with hi at most S."
+        )
+    return (
+        f"{what}: your values are right, but {who} loaded key tile {tile} {times} "
+        "times: FlashAttention-2 reads each key tile once per query tile, rescaling "
+        "acc and l by alpha = exp(m - m_new) when the row max grows (the online "
+        "softmax), where a first pass for the maxima reads K twice."
+    )
+
+
 @register(
     "kernel-lab-attention-forward",
     after_pass=_cost_report,
@@ -370,117 +607,108 @@ def _empty_rows_note(L, S, causal):
 )
 def _check_attention_forward(student) -> None:
     """``student(q, k, v, is_causal, scale, record_tiles=True)`` must return ``(out,
-    lse)`` equal to attnbook's attention and its log-sum-exp within FlashAttention-2's
-    rule, on ragged lengths with ``L != S``, causal (bottom-right) and not, in float32
-    and float16; a causal kernel must not load key tiles that no query of its tile
-    sees (checked under the interpreter)."""
-    gen = generator(252)
-    cases = [
-        (37, 37, 16, True, torch.float32),
-        (20, 45, 32, True, torch.float32),
-        (33, 50, 16, False, torch.float16),
-        (45, 20, 16, True, torch.float16),  # L > S: the first 25 queries see no key
-        (1, 1, 16, False, torch.float32),
-        (48, 48, 32, True, torch.float16),
-    ]
-    for (L, S, E, causal, dtype), q, k, v in _attention_cases(gen, cases):
+    lse, record)``, ``out`` and ``lse`` equal to attnbook's attention and its
+    log-sum-exp within FlashAttention-2's rule, on the shapes of
+    :func:`_attention_shapes` (ragged, ``L != S``, causal (bottom-right) and not,
+    float32 and float16, a thousand keys in float16); each program must load each key
+    tile it needs once, and neither load nor run ``tl.dot`` on a key tile that no query
+    of its tile sees (the record, read under the interpreter)."""
+    gen, waste = generator(252), {}
+    for L, S, E, causal, dtype, shift in _attention_shapes(gen, _long_forward(gen)):
+        taken: set[int] = set()
+        q, k = (_padded(gen, n, E, dtype, taken) for n in (L, S))
+        v = _padded(gen, S, E, dtype, taken, shift=shift)
         scale = 1 / math.sqrt(E) * (1.5 if dtype == torch.float32 else 1.0)
         what = f"L={L}, S={S}, E={E}, is_causal={causal}, {_name(dtype)}"
-        got = call_student(student, what, q, k, v, causal, scale, record_tiles=True)
+        got = _run(student, what, q, k, v, causal, scale, record_tiles=True)
         assert isinstance(got, (tuple, list)) and len(got) == 3, (
-            f"{what}: the launcher must return (out, lse, tiles), got {got!r:.80}."
+            f"{what}: the launcher must return (out, lse, record), got {got!r:.80}."
         )
-        out, lse, tiles = got
+        out, lse, record = got
         exact, same, lse_exact = _reference(q, k, v, causal, scale)
-        allowed = _visible(L, S, causal)
-        slips = [
-            (
-                _reference(q, k, v, False, scale)[0].to(dtype) if causal else None,
-                "Your causal kernel lets every query see every key: mask the scores "
-                "of keys j > i + S - L with -inf (CAUSAL is a tl.constexpr flag).",
-            ),
-            (
-                scaled_dot_product_attention(
-                    q.double(),
-                    k.double(),
-                    v.double(),
-                    scale=scale,
-                    attn_mask=torch.ones(L, S, dtype=torch.bool).tril(),
-                ).to(dtype)
-                if causal and L != S
-                else None,
-                "Your causal mask is aligned top-left (key j <= i): attnbook's is "
-                "bottom-right, j <= i + S - L, as FlashAttention-2's.",
-            ),  # fmt: skip
-            (
-                _tiled(q, k, v, _bound_only(L, S), scale).to(dtype) if causal else None,
-                "Your loop stops at the causal bound, but the tile on the diagonal is "
-                "not masked: its queries see keys after their own. Set the scores of "
-                "keys j > i + S - L to -inf (tl.where) in every tile.",
-            ),
-            (
-                _tiled(q, k, v, allowed, scale, rescale_acc=False).to(dtype),
-                "Your accumulator is not rescaled: when a key tile raises the row "
-                "max from m to m_new, acc (like l) must be multiplied by alpha = "
-                "exp(m - m_new) before p @ v is added.",
-            ),
-            (
-                _tiled(q, k, v, allowed, scale, rescale_l=False).to(dtype),
-                "Your normalizer l is not rescaled: l = l * alpha + rowsum(p), with "
-                "alpha = exp(m - m_new), as for acc.",
-            ),
-            (
-                scaled_dot_product_attention(
-                    q.double(), k.double(), v.double(), is_causal=causal, scale=1.0
-                ).to(dtype),
-                "Your scores miss the scale: s = tl.dot(q, tl.trans(k)) * scale.",
-            ),
-        ]
+
+        def slips(q=q, k=k, v=v, causal=causal, L=L, S=S, scale=scale, dtype=dtype):
+            allowed = _visible(L, S, causal)
+            return [
+                (
+                    _reference(q, k, v, False, scale)[0].to(dtype) if causal else None,
+                    "Your causal kernel lets every query see every key: mask the "
+                    "scores of keys j > i + S - L with -inf (CAUSAL is a tl.constexpr "
+                    "flag).",
+                ),
+                (
+                    scaled_dot_product_attention(
+                        q.double(), k.double(), v.double(), scale=scale,
+                        attn_mask=torch.ones(L, S, dtype=torch.bool).tril(),
+                    ).to(dtype)
+                    if causal and L != S
+                    else None,
+                    "Your causal mask is aligned top-left (key j <= i): attnbook's is "
+                    "bottom-right, j <= i + S - L, as FlashAttention-2's.",
+                ),
+                (
+                    _tiled(q, k, v, _bound_only(L, S), scale).to(dtype)
+                    if causal
+                    else None,
+                    "Your loop stops at the causal bound, but the tile on the diagonal "
+                    "is not masked: its queries see keys after their own. Set the "
+                    "scores of keys j > i + S - L to -inf (tl.where) in every tile.",
+                ),
+                (
+                    _tiled(q, k, v, allowed & _bound_only(L, S, -1), scale).to(dtype)
+                    if causal and (S - L) % _BLOCK == 1
+                    else None,
+                    "Your causal bound is one key short: a query tile's last row sees "
+                    "keys up to its index + S - L, so the loop runs while start < "
+                    "min(S, (pid + 1) * BLOCK_M + S - L); one less drops a whole key "
+                    f"tile where that key opens one (S - L = {S - L}, 1 modulo 16).",
+                ),
+                (
+                    _tiled(q, k, v, allowed, scale, rescale_acc=False).to(dtype),
+                    "Your accumulator is not rescaled: when a key tile raises the row "
+                    "max from m to m_new, acc (like l) must be multiplied by alpha = "
+                    "exp(m - m_new) before p @ v is added.",
+                ),
+                (
+                    _tiled(q, k, v, allowed, scale, rescale_l=False).to(dtype),
+                    "Your normalizer l is not rescaled: l = l * alpha + rowsum(p), "
+                    "with alpha = exp(m - m_new), as for acc.",
+                ),
+                (
+                    scaled_dot_product_attention(
+                        q.double(), k.double(), v.double(), is_causal=causal, scale=1.0
+                    ).to(dtype),
+                    "Your scores miss the scale: s = tl.dot(q, tl.trans(k)) * scale.",
+                ),
+                (
+                    scaled_dot_product_attention(
+                        q.double(), *_zero_keys(k, v), scale=scale
+                    ).to(dtype)
+                    if not causal and S % _BLOCK
+                    else None,
+                    _KEYS_PAST_S,
+                ),
+            ]  # fmt: skip
+
+        tiles = f"{math.ceil(S / _BLOCK)} key tiles"
         _verdict(
             out, (L, E), exact, same, dtype, f"out for {what}", slips,
-            _empty_rows_note(L, S, causal),
+            _empty_rows_note(L, S, causal), _float16_note(dtype, tiles, "m, l and acc"),
         )  # fmt: skip
-        assert isinstance(lse, torch.Tensor) and lse.shape == (L,), (
-            f"lse for {what}: expected a tensor of shape ({L},), got {lse!r:.60}."
-        )
-        ok = torch.equal(torch.isinf(lse), torch.isinf(lse_exact)) and not (
-            torch.isnan(lse).any()
-        )
-        finite = torch.isfinite(lse_exact)
-        err = (lse.double() - lse_exact)[finite].abs().max().item() if ok else 0
-        if not ok or err > 1e-3 * max(1.0, lse_exact[finite].abs().max().item()):
-            note = ""
-            if ok and torch.allclose(
-                lse.double()[finite], lse_exact[finite] / math.log(2), atol=1e-3
-            ):
-                note = " Your lse is in log2 units: store it in natural log, m + ln l."
-            raise AssertionError(
-                f"lse for {what}: expected the log-sum-exp of each row's scaled "
-                "scores (m + log l; -inf for a query that sees no key), max error "
-                f"{err:.3g}, or -inf/NaN in the wrong places." + note
-            )
-        if tiles is not None and causal:
-            needed = _needed_tiles(L, S, causal)
-            extra = (tiles & ~needed).nonzero()
-            if len(extra):
-                program, tile = extra[0].tolist()
-                raise AssertionError(
-                    f"{what}: your values are right, but program {program} (queries "
-                    f"{program * _BLOCK}..) loaded key tile {tile}, whose keys none of "
-                    "its queries may see: bound the loop over key tiles at min(S, (pid "
-                    "+ 1) * BLOCK_M + S - L), the causal bound that skips the upper "
-                    "triangle (half the work)."
-                )
+        _check_lse(lse, lse_exact, what)
+        _work(record, _needed_tiles(L, S, causal), waste, what)
+    if waste:
+        raise AssertionError(_forward_waste(_first_waste(waste)))
 
 
 # --------------------------------------------------------------------------------------
 # 4. Backward pass for dK and dV
 # --------------------------------------------------------------------------------------
 def _gradients(q, k, v, do, causal, scale):
-    """float64 ``(out, lse, dk, dv)`` by autograd, and ``(dk, dv)`` from float32
-    autograd in the inputs' dtype (PyTorch's own error)."""
+    """float64 ``(out, lse, dk, dv)`` by autograd, and ``(dk, dv)`` by autograd in the
+    inputs' dtype: PyTorch's own error, FlashAttention-2's reference for the rule."""
     found = []
-    for dtype in (torch.float64, torch.float32):
+    for dtype in (torch.float64, q.dtype):
         leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
         out = scaled_dot_product_attention(*leaves, is_causal=causal, scale=scale)
         out.backward(do.to(dtype))
@@ -489,7 +717,7 @@ def _gradients(q, k, v, do, causal, scale):
     scores = (q.double() @ k.double().T * scale).masked_fill(
         ~_visible(q.shape[0], k.shape[0], causal), -math.inf
     )
-    return out, torch.logsumexp(scores, -1), dk, dv, dk32.to(q.dtype), dv32.to(q.dtype)
+    return out, torch.logsumexp(scores, -1), dk, dv, dk32, dv32
 
 
 def _dkdv(q, k, v, do, out, lse, allowed, scale, delta=True):
@@ -504,6 +732,38 @@ def _dkdv(q, k, v, do, out, lse, allowed, scale, delta=True):
     return ds.T @ q * scale, p.T @ do
 
 
+def _long_backward(gen) -> tuple:
+    """A thousand queries or more against a key tile or three, in float16, the
+    gradient near 1: each program sums over every query, so float16 accumulators
+    for dk and dv break FlashAttention-2's rule."""
+    return (_draw(gen, 1000, 1100), _draw(gen, 17, 48), 16, False, torch.float16, 1.0)
+
+
+def _backward_waste(found) -> str:
+    kind, what, program, tile, _ = found
+    who = f"program {program} (keys {program * _BLOCK}..)"
+    start = (
+        "start the loop over query tiles at the first query that sees key n0 = pid * "
+        "BLOCK_N, lo = max(0, n0 - (S - L)), rounded down to a multiple of BLOCK_M: "
+        "the queries before it see none of the tile's keys."
+    )
+    if kind in ("loaded", "dot"):
+        did = "loaded" if kind == "loaded" else "ran tl.dot on"
+        return (
+            f"{what}: your values are right, but {who} {did} query tile {tile}, whose "
+            f"queries see none of its keys: {start}"
+        )
+    if kind == "past":
+        return (
+            f"{what}: your values are right, but {who} ran tl.dot on a query tile "
+            "past L: loop over range(lo, L, BLOCK_M)."
+        )
+    return (
+        f"{what}: your values are right, but {who} loaded query tile {tile} more than "
+        "once: walk the query tiles once, accumulating dk and dv."
+    )
+
+
 @register(
     "kernel-lab-attention-backward",
     after_pass=_cost_report,
@@ -513,59 +773,79 @@ def _dkdv(q, k, v, do, out, lse, allowed, scale, delta=True):
     "delta); dk += ds^T q * scale. Store dk and dv with the mask keys < S.",
 )
 def _check_attention_backward(student) -> None:
-    """``student(q, k, v, out, lse, grad_out, is_causal, scale)`` must return ``(dk,
-    dv)`` equal to autograd's within FlashAttention-2's rule (PyTorch's float32
-    gradients rounded to the inputs' dtype stand in for its error)."""
-    gen = generator(253)
-    cases = [
-        (37, 37, 16, True, torch.float32),
-        (20, 45, 32, True, torch.float32),
-        (33, 50, 16, False, torch.float16),
-        (45, 20, 16, True, torch.float16),
-    ]
-    for (L, S, E, causal, dtype), q, k, v in _attention_cases(gen, cases):
+    """``student(q, k, v, out, lse, grad_out, is_causal, scale, record_tiles=True)``
+    must return ``(dk, dv, record)``, the gradients equal to autograd's within
+    FlashAttention-2's rule (PyTorch's error: its autograd in the inputs' dtype), on
+    the shapes of :func:`_attention_shapes` with a
+    thousand queries in float16; no program may load or run ``tl.dot`` on a query tile
+    that sees none of its keys."""
+    gen, waste = generator(253), {}
+    for L, S, E, causal, dtype, shift in _attention_shapes(gen, _long_backward(gen)):
+        taken: set[int] = set()
+        q, k, v = (_padded(gen, n, E, dtype, taken) for n in (L, S, S))
         scale = 1 / math.sqrt(E)
-        do = _padded(gen, L, E, dtype)
+        do = _padded(gen, L, E, dtype, taken, shift=shift)
         out, lse, dk, dv, dk_pt, dv_pt = _gradients(q, k, v, do, causal, scale)
         what = f"L={L}, S={S}, E={E}, is_causal={causal}, {_name(dtype)}"
-        outs = _padded(gen, L, E, dtype)
+        outs = _padded(gen, L, E, dtype, taken)
         outs.copy_(out.to(dtype))
-        got = call_student(student, what, q, k, v, outs, lse.float(), do, causal, scale)
-        assert isinstance(got, (tuple, list)) and len(got) == 2, (
-            f"{what}: the launcher must return (dk, dv), got {got!r:.80}."
+        got = _run(student, what, q, k, v, outs, lse.float(), do, causal, scale,
+                   record_tiles=True)  # fmt: skip
+        assert isinstance(got, (tuple, list)) and len(got) == 3, (
+            f"{what}: the launcher must return (dk, dv, record), got {got!r:.80}."
         )
         visible = _visible(L, S, causal)
-        wrong = {
-            "dense": _dkdv(q, k, v, do, out, lse, torch.ones_like(visible), scale),
-            "no delta": _dkdv(q, k, v, do, out, lse, visible, scale, delta=False),
-        }
+
+        def wrong(kind, index, q=q, k=k, v=v, do=do, out=out, lse=lse, scale=scale):
+            mask = torch.ones_like(visible) if kind == "dense" else visible
+            if kind == "late":
+                mask = visible & _walked_queries(q.shape[0], k.shape[0], 1)
+            return _dkdv(q, k, v, do, out, lse, mask, scale, kind != "no delta")[index]
+
         for index, (name, g, exact, same) in enumerate(
             (("dk", got[0], dk, dk_pt), ("dv", got[1], dv, dv_pt))
         ):
-            slips = [
-                (
-                    wrong["dense"][index].to(dtype) if causal else None,
-                    f"Your {name} ignores the causal mask: p must be 0 (not exp(s - "
-                    "lse)) where key j > query i + S - L.",
-                ),
-                (
-                    (exact / scale).to(dtype) if name == "dk" else None,
-                    "Your dk lacks the scale: the scores are scale * q k^T, so dk = "
-                    "ds^T q * scale.",
-                ),
-                (
-                    wrong["no delta"][index].to(dtype) if name == "dk" else None,
-                    "Your ds is p * dp: subtract delta = rowsum(dO * O) first, ds = p "
-                    "* (dp - delta[:, None]).",
-                ),
-            ]
+
+            def slips(index=index, name=name, exact=exact, dtype=dtype, causal=causal):
+                return [
+                    (
+                        wrong("dense", index).to(dtype) if causal else None,
+                        f"Your {name} ignores the causal mask: p must be 0 (not "
+                        "exp(s - lse)) where key j > query i + S - L.",
+                    ),
+                    (
+                        (exact / scale).to(dtype) if name == "dk" else None,
+                        "Your dk lacks the scale: the scores are scale * q k^T, so dk "
+                        "= ds^T q * scale.",
+                    ),
+                    (
+                        wrong("no delta", index).to(dtype) if name == "dk" else None,
+                        "Your ds is p * dp: subtract delta = rowsum(dO * O) first, ds "
+                        "= p * (dp - delta[:, None]).",
+                    ),
+                    (
+                        wrong("late", index).to(dtype)
+                        if causal and (S - L) % _BLOCK == 1
+                        else None,
+                        "Your loop over query tiles starts one query late: the first "
+                        "query that sees key n0 is n0 - (S - L), so lo = max(0, n0 - "
+                        "(S - L)) // BLOCK_M * BLOCK_M; one more skips a whole query "
+                        f"tile where that query ends one (S - L = {S - L}, 1 modulo "
+                        "16).",
+                    ),
+                ]
+
+            tiles = f"{math.ceil(L / _BLOCK)} query tiles"
             _verdict(
                 g, (S, E), exact, same, dtype, f"{name} for {what}", slips,
                 lambda _, n=name: f"Your {n} has NaN: the ragged last tile of q, do "
                 f"(L = {L}) or of k, v (S = {S}) read past the end (NaN there); mask "
                 "those loads with other=0, and queries that see no key (lse = -inf) "
-                "must give p = 0.",
+                "must give p = 0.", _float16_note(dtype, tiles, "dk and dv"),
             )  # fmt: skip
+        _work(got[2], _needed_tiles(L, S, causal).T, waste, what)
+    if waste:
+        raise AssertionError(_backward_waste(_first_waste(waste)))
 
 
 # --------------------------------------------------------------------------------------
@@ -577,6 +857,47 @@ def _expand(layout: torch.Tensor, L: int, S: int) -> torch.Tensor:
     return rows.repeat_interleave(_BLOCK, 1)[:, :S]
 
 
+def _layout(gen, blocks: tuple[int, int]) -> torch.Tensor:
+    """A random layout of ``blocks`` (two query blocks or more, three key blocks or
+    more) with a key block no row reads, an empty query row, and a row that reads
+    every other key block, the ragged last one included (so its row max may grow from
+    block to block)."""
+    density = 0.2 + 0.4 * torch.rand(1, generator=gen)
+    layout = torch.rand(blocks, generator=gen) < density
+    empty, full = torch.randperm(blocks[0], generator=gen)[:2].tolist()
+    layout[full] = True
+    layout[:, _draw(gen, 0, blocks[1] - 2)] = False
+    layout[empty] = False
+    return layout
+
+
+def _sparse_waste(found) -> str:
+    kind, what, row, block, times = found
+    if kind == "loaded":
+        return (
+            f"{what}: query block {row} loaded key block {block}, which its row of the "
+            "layout leaves out: a block-sparse kernel skips those (they are the "
+            "saving)."
+        )
+    if kind == "dot":
+        return (
+            f"{what}: your values are right, but query block {row} ran tl.dot on key "
+            f"block {block}, which its row of the layout leaves out (masking its loads "
+            "does not skip the work): walk only COL_IDX[ROW_PTR[i]:ROW_PTR[i + 1]], "
+            "the blocks that are the saving."
+        )
+    if kind == "past":
+        return (
+            f"{what}: your values are right, but query block {row} ran tl.dot on a key "
+            "block past S: walk only the blocks COL_IDX lists."
+        )
+    return (
+        f"{what}: your values are right, but query block {row} loaded key block "
+        f"{block} {times} times: one pass over its blocks with the online softmax "
+        "reads each once."
+    )
+
+
 @register(
     "kernel-lab-block-sparse",
     after_pass=_cost_report,
@@ -586,75 +907,70 @@ def _expand(layout: torch.Tensor, L: int, S: int) -> torch.Tensor:
     "masked), then out = acc / l and lse = m + log l (zeros, -inf for an empty row).",
 )
 def _check_block_sparse(student) -> None:
-    """``student(q, k, v, layout, scale, record_tiles=True)`` must equal
-    :func:`attnbook.sparse.block_sparse_attention` within FlashAttention-2's rule, and
-    never load a key block its query block's row of the layout leaves out (the values
-    of those blocks are NaN, and the interpreter records the loads)."""
-    gen = generator(254)
-    for L, S, E, dtype, density in [
-        (40, 40, 16, torch.float32, 0.5),
-        (64, 50, 32, torch.float16, 0.4),
-        (33, 70, 16, torch.float32, 0.3),
-    ]:
-        q, k, v = (_padded(gen, n, E, dtype) for n in (L, S, S))
-        blocks = (math.ceil(L / _BLOCK), math.ceil(S / _BLOCK))
-        layout = torch.rand(blocks, generator=gen) < density
-        layout[0, 0] = True
-        layout[:, -1] = False  # no query block reads the ragged last key block...
-        layout[-1, :] = False  # ...and the last query block reads none
-        if blocks[1] > 2:
-            layout[1, -2] = True
+    """``student(q, k, v, layout, scale, record_tiles=True)`` must return ``(out, lse,
+    record)`` equal to :func:`attnbook.sparse.block_sparse_attention` and its float64
+    log-sum-exp within FlashAttention-2's rule, on random layouts (an empty row, the
+    ragged last key block in use, a key block no row reads), and neither load nor run
+    ``tl.dot`` on a key block its row of the layout leaves out (the values of the
+    blocks no row reads are NaN, and the interpreter records the work)."""
+    gen, waste = generator(254), {}
+    for i in range(4):
+        L = _draw(gen, 17, 70)
+        S = _BLOCK * _draw(gen, 2, 4) + _draw(gen, 1, _BLOCK - 1)  # ragged
+        E, dtype = (16, 32)[i % 2], (torch.float32, torch.float16)[i // 2]
+        taken: set[int] = set()
+        q, k, v = (_padded(gen, n, E, dtype, taken) for n in (L, S, S))
+        layout = _layout(gen, (math.ceil(L / _BLOCK), math.ceil(S / _BLOCK)))
         clean_k, clean_v = k.clone(), v.clone()
-        skipped = ~layout.any(0)
-        for block in skipped.nonzero()[:, 0].tolist():  # never-read blocks are NaN
+        for block in (~layout.any(0)).nonzero()[:, 0].tolist():  # never read: NaN
             k[block * _BLOCK : (block + 1) * _BLOCK] = float("nan")
             v[block * _BLOCK : (block + 1) * _BLOCK] = float("nan")
         scale = 1 / math.sqrt(E)
         what = f"L={L}, S={S}, E={E}, {_name(dtype)}, layout {layout.int().tolist()}"
-        got = call_student(student, what, q, k, v, layout, scale, record_tiles=True)
+        got = _run(student, what, q, k, v, layout, scale, record_tiles=True)
         assert isinstance(got, (tuple, list)) and len(got) == 3, (
-            f"{what}: the launcher must return (out, lse, tiles), got {got!r:.80}."
+            f"{what}: the launcher must return (out, lse, record), got {got!r:.80}."
         )
-        out, lse, tiles = got
+        out, lse, record = got
 
-        def reference(x, y, z, mask):
+        def reference(x, y, z, mask, scale=scale):
             return block_sparse_attention(x, y, z, mask, _BLOCK, scale=scale)
 
         exact = reference(q.double(), clean_k.double(), clean_v.double(), layout)
         same = reference(q.float(), clean_k.float(), clean_v.float(), layout).to(dtype)
-        dense = torch.ones_like(layout)
-        slips = [
-            (
-                reference(q.double(), clean_k.double(), clean_v.double(), dense).to(
-                    dtype
+
+        def slips(q=q, k=clean_k, v=clean_v, layout=layout, L=L, S=S, dtype=dtype):
+            dense = torch.ones_like(layout)
+            return [
+                (
+                    reference(q.double(), k.double(), v.double(), dense).to(dtype),
+                    "Your kernel attends to every key block: walk only COL_IDX["
+                    "ROW_PTR[i]:ROW_PTR[i + 1]].",
                 ),
-                "Your kernel attends to every key block: walk only COL_IDX[ROW_PTR[i]"
-                ":ROW_PTR[i + 1]].",
-            ),
-            (
-                _tiled(
-                    q, clean_k, clean_v, _expand(layout, L, S), scale, rescale_acc=False
-                ).to(dtype),
-                "Your accumulator is not rescaled: when a key block raises the row "
-                "max from m to m_new, acc (like l) must be multiplied by alpha = "
-                "exp(m - m_new) before p @ v is added.",
-            ),
-        ]
+                (
+                    _tiled(
+                        q, k, v, _expand(layout, L, S), scale, rescale_acc=False
+                    ).to(dtype),
+                    "Your accumulator is not rescaled: when a key block raises the "
+                    "row max from m to m_new, acc (like l) must be multiplied by "
+                    "alpha = exp(m - m_new) before p @ v is added.",
+                ),
+                (
+                    reference(q.double(), *_zero_keys(k, v), layout).to(dtype),
+                    _KEYS_PAST_S,
+                ),
+            ]
+
         _verdict(
             out, (L, E), exact, same, dtype, f"out for {what}", slips,
             lambda _: "Your kernel read key blocks the layout leaves out (they hold "
             f"NaN here), or rows past the end of q, k, v (L = {L}, S = {S}): walk "
             "only the blocks COL_IDX lists for the row, and mask the ragged tile.",
         )  # fmt: skip
-        if tiles is not None:
-            extra = (tiles & ~layout).nonzero()
-            if len(extra):
-                row, block = extra[0].tolist()
-                raise AssertionError(
-                    f"{what}: query block {row} loaded key block {block}, which its "
-                    "row of the layout leaves out: a block-sparse kernel skips those "
-                    "(they are the saving)."
-                )
-        assert isinstance(lse, torch.Tensor) and lse.shape == (L,), (
-            f"lse for {what}: expected a tensor of shape ({L},), got {lse!r:.60}."
+        scores = (q.double() @ clean_k.double().T * scale).masked_fill(
+            ~_expand(layout, L, S), -math.inf
         )
+        _check_lse(lse, torch.logsumexp(scores, -1), what)
+        _work(record, layout, waste, what)
+    if waste:
+        raise AssertionError(_sparse_waste(_first_waste(waste)))

@@ -8,8 +8,13 @@ would cost on named GPUs.
   compiled on a CUDA GPU with exact float32 products (not TF32), in Triton's
   interpreter on CPU tensors otherwise, whether or not ``TRITON_INTERPRET`` was set
   when the kernel was defined (:func:`interpreting`), so a student never has to know
-  about it. Outputs are allocated inside a guard band of NaN: a kernel whose stores
-  leave the output is caught.
+  about it. Outputs are allocated inside a guard band of NaN (rows before and after,
+  and a row stride no other tensor of the launch has): a kernel whose stores leave
+  the output is caught. In the interpreter every load must stay inside the tensors
+  and every store inside the outputs, or the launch says where and why (a ragged
+  tile not masked, an offset gone negative, another tensor's row stride); with
+  ``record_tiles`` the attention launchers and :func:`matmul` also report each
+  program's work: the tiles it loaded and the ``tl.dot`` calls it ran on each.
 * **Recorder.** :func:`record_loads` watches the interpreter's loads and tells, per
   program instance, which rows of each named tensor it read; :func:`plot_loads` draws
   them, one panel per program.
@@ -32,6 +37,7 @@ import inspect
 import json
 import math
 import os
+import random
 import subprocess
 import sys
 import textwrap
@@ -39,6 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 if not torch.cuda.is_available() and "triton" not in sys.modules:
@@ -60,7 +67,6 @@ __all__ = [
     "attention_forward",
     "attention_backward",
     "block_sparse_forward",
-    "causal_kernel_without_bound",
     "interpreting",
     "LoadRecord",
     "record_loads",
@@ -77,7 +83,7 @@ __all__ = [
 BLOCK = 16
 #: The GPUs the compile report names (T4 = sm75, A100 = sm80, H100 = sm90).
 LAB_TARGETS = (75, 80, 90)
-_GUARD = 16  # rows and columns of NaN around every output
+_GUARD = 16  # rows of NaN before and after every output, and columns at least
 
 
 # --------------------------------------------------------------------------------------
@@ -158,24 +164,47 @@ def interpreting() -> Iterator[None]:
                 os.environ["TRITON_INTERPRET"] = switch
 
 
-def _guarded(rows: int, cols: int | None, dtype: torch.dtype) -> torch.Tensor:
-    """A ``(rows, cols)`` output (``(rows,)`` for ``cols=None``) inside a NaN guard
-    band: it reads as NaN until written."""
-    shape = (rows + _GUARD,) if cols is None else (rows + _GUARD, cols + _GUARD)
-    room = torch.full(shape, float("nan"), dtype=dtype, device=_device())
-    return room[:rows] if cols is None else room[:rows, :cols]
+def _row_stride(cols: int, taken: set[int]) -> int:
+    """A row stride for a tensor of ``cols`` columns: ``cols`` plus 16 to 47 columns of
+    guard band, drawn (seeded by ``taken``, so one launch repeats) among the strides no
+    tensor of the launch has yet; it joins ``taken``. A kernel that walks one tensor
+    with another's row stride then leaves it."""
+    draw = random.Random(hash((cols, *sorted(taken))))
+    while True:
+        width = cols + draw.randrange(_GUARD, 3 * _GUARD)
+        if width not in taken:
+            taken.add(width)
+            return width
+
+
+def _guarded(
+    rows: int, cols: int | None, dtype: torch.dtype, taken: set[int] | None = None
+) -> torch.Tensor:
+    """A ``(rows, cols)`` tensor (``(rows,)`` for ``cols=None``) inside a NaN guard
+    band: 16 rows before and after it and, for a matrix, a row stride of its own
+    (:func:`_row_stride` among ``taken``). It reads as NaN until written."""
+    device = _device()
+    if cols is None:
+        room = torch.full((rows + 2 * _GUARD,), math.nan, dtype=dtype, device=device)
+        return room[_GUARD : _GUARD + rows]
+    width = _row_stride(cols, set() if taken is None else taken)
+    room = torch.full((rows + 2 * _GUARD, width), math.nan, dtype=dtype, device=device)
+    return room[_GUARD : _GUARD + rows, :cols]
 
 
 def _untouched(out: torch.Tensor, name: str) -> None:
-    """Raise if the kernel stored anything into ``out``'s guard band."""
-    size = (out.shape[0] + _GUARD,) + tuple(n + _GUARD for n in out.shape[1:])
-    room = out.as_strided(size, out.stride())
-    inside = torch.zeros(size, dtype=torch.bool, device=out.device)
-    inside[tuple(slice(0, n) for n in out.shape)] = True
-    if not torch.isnan(room[~inside]).all():
+    """Raise if the kernel stored anything into ``out``'s guard band (all of its
+    buffer but its own elements)."""
+    count = out.untyped_storage().nbytes() // out.element_size()
+    whole = out.new_empty(0).set_(out.untyped_storage(), 0, (count,))
+    index = torch.arange(count, device=out.device)
+    inside = torch.zeros(count, dtype=torch.bool, device=out.device)
+    inside[index.as_strided(out.shape, out.stride(), out.storage_offset())] = True
+    if not torch.isnan(whole[~inside]).all():
         raise AssertionError(
             f"your kernel stored outside {name} {tuple(out.shape)}: mask the stores "
-            "of the last, ragged tile (rows and columns past the end)."
+            "of the last, ragged tile (rows and columns past the end), and use "
+            f"{name}'s own row stride (each tensor here has its own)."
         )
 
 
@@ -211,6 +240,256 @@ def _launch(kernel, grid, fn: str, *args, **constexprs) -> None:
         if cause is not None and type(err).__name__ == "InterpreterError":
             raise type(cause)(str(cause)) from None
         raise
+
+
+@dataclass
+class _Operand:
+    """A tensor of one launch as the watch sees it: its name in the messages, the
+    kernel's parameter for its row stride, and the masks its ragged tile needs."""
+
+    name: str
+    tensor: torch.Tensor
+    stride: str | None = None  # e.g. "stride_k"
+    rows_mask: str | None = None  # e.g. "keys < S"
+    cols_mask: str | None = None
+    output: bool = False
+
+    def place(self, addresses):
+        """Row, column and whether each address is one of the tensor's elements."""
+        t = self.tensor
+        size = t.element_size()
+        offset = addresses - t.data_ptr()
+        element, rest = np.divmod(offset, size)
+        row, col = np.divmod(element, t.stride(0))
+        if t.dim() == 1:
+            inside = (rest == 0) & (col == 0) & (row >= 0) & (row < t.shape[0])
+        else:
+            inside = (rest == 0) & (row >= 0) & (row < t.shape[0]) & (col < t.shape[1])
+        return row, col, inside
+
+    def holds(self, address: int) -> bool:
+        """Whether ``address`` lies in the tensor's buffer (its guard band included)."""
+        start = self.tensor.untyped_storage().data_ptr()
+        return start <= address < start + self.tensor.untyped_storage().nbytes()
+
+
+class _Watch:
+    """What Triton's interpreter does with one launch's tensors.
+
+    Every load must read elements of the launch's tensors, and every store write
+    elements of its outputs: anything else raises ``AssertionError`` saying where and
+    why (a ragged tile not masked, a negative offset, another tensor's row stride).
+    For the record, per program: how many loads of ``walked[0]`` touched each of its
+    ``tiles`` tiles of :data:`BLOCK` rows (a lane let through), and how many
+    ``tl.dot`` calls ran on each: a dot counts for the tiles of the program's latest
+    load from a ``walked`` tensor, masked lanes included (a fully masked tile is still
+    work when a dot runs on it), or for the column past the last tile when that load
+    was past either end, or when there was none yet.
+    """
+
+    def __init__(self, operands, walked=(), tiles=0, programs=1):
+        self.operands = list(operands)
+        self.walked = tuple(walked)
+        self.tiles = tiles
+        self.loads = torch.zeros(programs, tiles, dtype=torch.int64)
+        self.dots = torch.zeros(programs, tiles + 1, dtype=torch.int64)
+        self.latest: dict[int, list[int]] = {}
+
+    def record(self) -> dict[str, torch.Tensor]:
+        return {"loads": self.loads.clone(), "dots": self.dots.clone()}
+
+    # -- the interpreter's builder, wrapped ------------------------------------------
+    def __enter__(self):
+        from triton.runtime.interpreter import interpreter_builder as builder
+
+        self.saved = {}
+        for name, wrap in (("create_masked_load", self._load),
+                           ("create_masked_store", self._store),
+                           ("create_dot", self._dot)):  # fmt: skip
+            self.saved[name] = builder.__dict__.get(name)  # a recorder around
+            setattr(builder, name, wrap(getattr(builder, name)))
+        return self
+
+    def __exit__(self, *exc):
+        from triton.runtime.interpreter import interpreter_builder as builder
+
+        for name, outer in self.saved.items():
+            if outer is None:
+                delattr(builder, name)  # back to the class's method
+            else:
+                setattr(builder, name, outer)
+        return False
+
+    @staticmethod
+    def _program() -> tuple[int, tuple[int, int, int]]:
+        from triton.runtime.interpreter import interpreter_builder as builder
+
+        (x, y, z), (_, gy, gz) = builder.grid_idx, builder.grid_dim
+        return (x * gy + y) * gz + z, (x, y, z)
+
+    def _load(self, original):
+        def load(ptrs, mask, other, *args, **kwargs):
+            addresses = ptrs.data.astype("int64")
+            on = mask.data.astype(bool)
+            self._inside(addresses, on, "loaded")
+            self._walk(addresses, on)
+            return original(ptrs, mask, other, *args, **kwargs)
+
+        return load
+
+    def _store(self, original):
+        def store(ptrs, value, mask, *args, **kwargs):
+            self._inside(ptrs.data.astype("int64"), mask.data.astype(bool), "stored")
+            return original(ptrs, value, mask, *args, **kwargs)
+
+        return store
+
+    def _dot(self, original):
+        def dot(*args, **kwargs):
+            program, _ = self._program()
+            for tile in self.latest.get(program, [self.tiles]):
+                self.dots[program, tile] += 1
+            return original(*args, **kwargs)
+
+        return dot
+
+    # -- what a load or a store touched ----------------------------------------------
+    def _owner(self, address: int, among=None) -> _Operand | None:
+        """The operand (of ``among``, by default all) whose buffer holds ``address``,
+        else the one starting nearest below it."""
+        among = self.operands if among is None else among
+        for op in among:
+            if op.holds(address):
+                return op
+        below = [op for op in among if op.tensor.data_ptr() <= address]
+        return max(below, key=lambda op: op.tensor.data_ptr(), default=None)
+
+    def _walk(self, addresses, on) -> None:
+        owner = self._owner(int(addresses.min())) if addresses.size else None
+        if owner is None or owner.name not in self.walked:
+            return
+        program, _ = self._program()
+        row, _, _ = owner.place(addresses)
+        tiles = np.unique(row // BLOCK)
+        self.latest[program] = sorted(
+            {int(t) if 0 <= t < self.tiles else self.tiles for t in tiles}
+        )
+        if owner.name == self.walked[0]:
+            for tile in np.unique(row[np.broadcast_to(on, row.shape)] // BLOCK):
+                if 0 <= tile < self.tiles:
+                    self.loads[program, int(tile)] += 1
+
+    def _inside(self, addresses, on, verb: str) -> None:
+        on = np.broadcast_to(on, addresses.shape)
+        live = addresses[on]
+        if not live.size:
+            return
+        allowed = [op for op in self.operands if verb == "loaded" or op.output]
+        ok = np.zeros(live.shape, dtype=bool)
+        for op in allowed:
+            ok |= op.place(live)[2]
+        if ok.all():
+            return
+        bad = int(live[~ok][0])
+        raise AssertionError(self._outside(bad, live, verb, allowed))
+
+    def _outside(self, address: int, live, verb: str, allowed) -> str:
+        """Where the lane at ``address`` went, and the likely reason."""
+        from triton.runtime.interpreter import interpreter_builder as builder
+
+        _, index = self._program()
+        dims = sum(n > 1 for n in builder.grid_dim[1:]) + 1
+        program = f"program {index[0]}" if dims == 1 else f"program {index[:dims]}"
+        for owner in allowed:  # every lane in place, had it used the right stride
+            other = self._stride_used(owner, live)
+            if other is not None:
+                t, name, step = owner.tensor, owner.name, other.tensor.stride(0)
+                return (
+                    f"your kernel {verb} outside {name} {tuple(t.shape)} ({program}): "
+                    f"it steps {step} elements from one row of {name} to the next, "
+                    f"{other.name}'s row stride ({other.stride}), but {name}'s rows "
+                    f"are {t.stride(0)} apart: use {owner.stride} for {name} (each "
+                    "tensor here has its own row stride)."
+                )
+        owner = self._walking(live, allowed) or self._owner(address, allowed)
+        if owner is None:
+            names = ", ".join(op.name for op in allowed)
+            return (
+                f"your kernel {verb} outside {names}: {program} {verb} an address "
+                "before all of them."
+            )
+        t, name = owner.tensor, owner.name
+        row, col, _ = (int(v[0]) for v in owner.place(np.array([address])))
+        where = f"{name}[{row}]" if t.dim() == 1 else f"{name}[{row}, {col}]"
+        shape = tuple(t.shape)
+        head = f"your kernel {verb} outside {name} {shape} ({program}: {where})"
+        if verb == "stored":
+            return (
+                f"{head}: mask the stores of the last, ragged tile (rows and columns "
+                "past the end)."
+            )
+        gpu = " On a GPU such a load reads another tensor's memory, or faults."
+        if row < 0:
+            return (
+                f"{head}: a row before the first, from an offset that went negative: "
+                "start at 0 (tl.maximum(0, ...)) or mask those rows." + gpu
+            )
+        if row >= t.shape[0]:
+            mask = f" with {owner.rows_mask}" if owner.rows_mask else ""
+            return (
+                f"{head}: the last, ragged tile read past the end of {name} "
+                f"({t.shape[0]} rows): mask the load{mask} and other=0." + gpu
+            )
+        if t.dim() == 2 and col >= t.shape[1]:
+            mask = f" with {owner.cols_mask}" if owner.cols_mask else ""
+            return (
+                f"{head}: row {row} of {name} read past its end ({t.shape[1]} "
+                f"columns): mask the load{mask}, other=0." + gpu
+            )
+        return f"{head}: an address between its elements." + gpu
+
+    @staticmethod
+    def _walking(live, allowed) -> _Operand | None:
+        """The matrix whose rows, with its own stride, hold every lane's column: the
+        one an access walks, whichever buffer its rows fell into (an offset that went
+        negative reaches below its guard band)."""
+        for op in allowed:
+            t = op.tensor
+            if t.dim() == 2 and t.shape[1] > 1:
+                element = (live - t.data_ptr()) // t.element_size()
+                if (np.mod(element, t.stride(0)) < t.shape[1]).all():
+                    return op
+        return None
+
+    def _stride_used(self, owner: _Operand, live) -> _Operand | None:
+        """The operand whose row stride, taken for ``owner``'s, puts every lane of
+        the access in ``owner``'s rows and columns, if there is one (the largest such
+        stride: a multiple of a stride explains the lanes too)."""
+        t = owner.tensor
+        if t.dim() != 2 or owner.stride is None:
+            return None
+        element = (live - t.data_ptr()) // t.element_size()
+        found = None
+        for other in self.operands:
+            step = other.tensor.stride(0) if other.tensor.dim() == 2 else None
+            if other is owner or step is None or step == t.stride(0):
+                continue
+            row, col = np.divmod(element, step)
+            if ((row >= 0) & (row < t.shape[0]) & (col < t.shape[1])).all():
+                if found is None or step > found.tensor.stride(0):
+                    found = other
+        return found
+
+
+@contextlib.contextmanager
+def _watching(operands, walked=(), tiles=0, programs=1):
+    """A ``_Watch`` of the launch's tensors while it runs in the interpreter (on the
+    CPU); ``None`` where the kernel runs compiled."""
+    if _device().type != "cpu":
+        yield None
+        return
+    with _Watch(operands, walked, tiles, programs) as watch:
+        yield watch
 
 
 def _matrix(fn: str, name: str, t, columns: int | None = None) -> None:
@@ -261,10 +540,13 @@ def softmax(kernel, x: torch.Tensor) -> torch.Tensor:
     _check_softmax(kernel, x)
     (xd,) = _to_device(x)
     rows, cols = x.shape
-    y = _guarded(rows, cols, x.dtype)
+    y = _guarded(rows, cols, x.dtype, {xd.stride(0)})
     block = _next_power_of_2(cols)
-    _launch(kernel, (rows,), "softmax", xd, y, cols, xd.stride(0), y.stride(0),
-            BLOCK=block)  # fmt: skip
+    operands = [_Operand("x", xd, "stride_x", None, "cols < n_cols"),
+                _Operand("y", y, "stride_y", output=True)]  # fmt: skip
+    with _watching(operands):
+        _launch(kernel, (rows,), "softmax", xd, y, cols, xd.stride(0), y.stride(0),
+                BLOCK=block)  # fmt: skip
     _untouched(y, "y")
     return y.to(x.device)
 
@@ -283,23 +565,41 @@ def _check_matmul(kernel, a, b) -> None:
         )
 
 
-def matmul(kernel, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def matmul(
+    kernel, a: torch.Tensor, b: torch.Tensor, record_tiles: bool = False
+) -> torch.Tensor | tuple[torch.Tensor, dict]:
     """``a @ b`` for ``a (M, K)`` and ``b (K, N)`` by ``kernel``, one program per
     ``BLOCK x BLOCK`` tile of the output, in ``a``'s dtype.
 
     ``kernel(A, B, C, M, N, K, stride_am, stride_bk, stride_cm, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr)``; rows are contiguous (the column
-    stride is 1); program ``(i, j)`` computes ``C[i*BLOCK_M:, j*BLOCK_N:]``.
+    stride is 1); program ``(i, j)`` computes ``C[i*BLOCK_M:, j*BLOCK_N:]``. With
+    ``record_tiles=True`` it returns ``(c, record)``, the record of its steps along
+    ``K`` (the tiles of ``b``'s rows) as in :func:`attention_forward`, programs in
+    launch order (``i * tiles of N + j``).
     """
     _check_matmul(kernel, a, b)
+    check_flag("matmul", "record_tiles", record_tiles)
+    if record_tiles and _device().type == "cuda":
+        c = matmul(kernel, a, b)
+        with interpreting():
+            _, record = matmul(kernel, *_on_cpu(a, b), record_tiles=True)
+        return c, record
     ad, bd = _to_device(a, b)
     (M, K), N = a.shape, b.shape[1]
-    c = _guarded(M, N, a.dtype)
+    c = _guarded(M, N, a.dtype, {ad.stride(0), bd.stride(0)})
     grid = (math.ceil(M / BLOCK), math.ceil(N / BLOCK))
-    _launch(kernel, grid, "matmul", ad, bd, c, M, N, K, ad.stride(0), bd.stride(0),
-            c.stride(0), BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK)  # fmt: skip
+    ragged_k = (f"ks < K (K = {K} is not a multiple of BLOCK_K = {BLOCK}: the last "
+                "step of the k loop runs past it)")  # fmt: skip
+    operands = [_Operand("a", ad, "stride_am", "rows < M", ragged_k),
+                _Operand("b", bd, "stride_bk", ragged_k, "cols < N"),
+                _Operand("c", c, "stride_cm", output=True)]  # fmt: skip
+    tiles = math.ceil(K / BLOCK)
+    with _watching(operands, ("b",), tiles, grid[0] * grid[1]) as watch:
+        _launch(kernel, grid, "matmul", ad, bd, c, M, N, K, ad.stride(0), bd.stride(0),
+                c.stride(0), BLOCK_M=BLOCK, BLOCK_N=BLOCK, BLOCK_K=BLOCK)  # fmt: skip
     _untouched(c, "c")
-    return c.to(a.device)
+    return (c.to(a.device), watch.record()) if record_tiles else c.to(a.device)
 
 
 def _check_attention(fn, kernel, q, k, v, is_causal, scale) -> None:
@@ -324,6 +624,10 @@ def _check_attention(fn, kernel, q, k, v, is_causal, scale) -> None:
         raise ValueError(f"{fn}: scale must be a positive number, got {scale!r}")
 
 
+def _strides(*tensors) -> set[int]:
+    return {t.stride(0) for t in tensors}
+
+
 def attention_forward(
     kernel,
     q: torch.Tensor,
@@ -332,7 +636,7 @@ def attention_forward(
     is_causal: bool = False,
     scale: float | None = None,
     record_tiles: bool = False,
-) -> tuple[torch.Tensor, ...]:
+) -> tuple:
     """Attention of one head by ``kernel``: ``q (L, E)``, ``k, v (S, E)``; returns
     ``(out (L, E), lse (L,) float32)``, ``lse`` the row log-sum-exp of the scaled
     scores (``-inf`` and zeros for a query that sees no key).
@@ -342,32 +646,45 @@ def attention_forward(
     tl.constexpr)``, one program per ``BLOCK_M`` query rows; ``CAUSAL`` is bottom-right
     aligned: query ``i`` sees key ``j`` when ``j <= i + S - L``.
 
-    With ``record_tiles=True`` a third result says which key tiles each program loaded
-    (bool, ``(programs, key tiles)``), read in Triton's interpreter on every machine:
-    on a GPU the outputs come from the compiled kernel and the tiles from a second run
-    under :func:`interpreting`.
+    With ``record_tiles=True`` a third result records the work of each program on
+    each key tile: ``"loads"`` (``(programs, key tiles)`` int) counts its loads of
+    ``K`` that touched the tile (a lane let through), ``"dots"`` (``(programs, key
+    tiles + 1)`` int) the ``tl.dot`` calls it ran on the tile: those after its latest
+    load of ``K`` or ``V`` from that tile, masked lanes included (masking a tile's
+    loads does not skip a dot on it), the last column for keys past ``S``. It is read
+    in Triton's interpreter on every machine: on a GPU the outputs come from the
+    compiled kernel and the record from a second run under :func:`interpreting`.
+    Under the interpreter every load must stay inside the tensors and every store
+    inside the outputs, or the launch raises ``AssertionError`` saying where.
     """
     _check_attention("attention_forward", kernel, q, k, v, is_causal, scale)
+    check_flag("attention_forward", "record_tiles", record_tiles)
     if record_tiles and _device().type == "cuda":
         out, lse = attention_forward(kernel, q, k, v, is_causal, scale)
         with interpreting():
-            *_, tiles = attention_forward(kernel, *_on_cpu(q, k, v), is_causal, scale,
-                                          record_tiles=True)  # fmt: skip
-        return out, lse, tiles
+            *_, record = attention_forward(kernel, *_on_cpu(q, k, v), is_causal,
+                                           scale, record_tiles=True)  # fmt: skip
+        return out, lse, record
     qd, kd, vd = _to_device(q, k, v)
     (L, E), S = q.shape, k.shape[0]
     scale = 1 / math.sqrt(E) if scale is None else float(scale)
-    out = _guarded(L, E, q.dtype)
+    out = _guarded(L, E, q.dtype, _strides(qd, kd, vd))
     lse = _guarded(L, None, torch.float32)
     grid = (math.ceil(L / BLOCK),)
-    with _watching(kd, record_tiles) as seen:
+    operands = [_Operand("q", qd, "stride_q", "rows < L"),
+                _Operand("k", kd, "stride_k", "keys < S"),
+                _Operand("v", vd, "stride_v", "keys < S"),
+                _Operand("out", out, "stride_o", output=True),
+                _Operand("lse", lse, output=True)]  # fmt: skip
+    tiles = math.ceil(S / BLOCK)
+    with _watching(operands, ("k", "v"), tiles, grid[0]) as watch:
         _launch(kernel, grid, "attention_forward", qd, kd, vd, out, lse, L, S, scale,
                 qd.stride(0), kd.stride(0), vd.stride(0), out.stride(0), HEAD_DIM=E,
                 CAUSAL=bool(is_causal), BLOCK_M=BLOCK, BLOCK_N=BLOCK)  # fmt: skip
     _untouched(out, "out")
     _untouched(lse, "lse")
     results = out.to(q.device), lse.to(q.device)
-    return results + (_tile_map(seen, grid[0], S),) if record_tiles else results
+    return results + (watch.record(),) if record_tiles else results
 
 
 def attention_backward(
@@ -380,7 +697,8 @@ def attention_backward(
     grad_out: torch.Tensor,
     is_causal: bool = False,
     scale: float | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    record_tiles: bool = False,
+) -> tuple:
     """``(dk, dv)`` of one head's attention by ``kernel``, from the forward pass's
     ``out (L, E)`` and ``lse (L,)`` and the gradient ``grad_out (L, E)``; float32.
 
@@ -388,9 +706,13 @@ def attention_backward(
     V, DO, LSE, DELTA, DK, DV, L, S, scale, stride_q, stride_k, stride_v, stride_do,
     stride_dk, stride_dv, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M:
     tl.constexpr, BLOCK_N: tl.constexpr)``, one program per ``BLOCK_N`` key rows.
+    ``record_tiles`` as in :func:`attention_forward`, over the query tiles each
+    program walks (the loads of ``Q``; the dots on the tiles of its latest load of
+    ``Q``, ``DO``, ``LSE`` or ``DELTA``).
     """
     fn = "attention_backward"
     _check_attention(fn, kernel, q, k, v, is_causal, scale)
+    check_flag(fn, "record_tiles", record_tiles)
     for name, t in (("out", out), ("grad_out", grad_out)):
         _matrix(fn, name, t, q.shape[1])
         if t.shape != q.shape:
@@ -399,19 +721,41 @@ def attention_backward(
             )
     if not isinstance(lse, torch.Tensor) or lse.shape != q.shape[:1]:
         raise ValueError(f"{fn}: lse must be a tensor of shape ({q.shape[0]},)")
+    if record_tiles and _device().type == "cuda":
+        dk, dv = attention_backward(kernel, q, k, v, out, lse, grad_out, is_causal,
+                                    scale)  # fmt: skip
+        with interpreting():
+            *_, record = attention_backward(kernel, *_on_cpu(q, k, v, out, lse,
+                                            grad_out), is_causal, scale,
+                                            record_tiles=True)  # fmt: skip
+        return dk, dv, record
     qd, kd, vd, dod = _to_device(q, k, v, grad_out)
-    delta = (grad_out.float() * out.float()).sum(-1).to(_device()).contiguous()
-    lsed = lse.float().to(_device()).contiguous()
     (L, E), S = q.shape, k.shape[0]
+    delta, lsed = _guarded(L, None, torch.float32), _guarded(L, None, torch.float32)
+    delta.copy_((grad_out.float() * out.float()).sum(-1))
+    lsed.copy_(lse.float())
     scale = 1 / math.sqrt(E) if scale is None else float(scale)
-    dk, dv = _guarded(S, E, torch.float32), _guarded(S, E, torch.float32)
-    _launch(kernel, (math.ceil(S / BLOCK),), fn, qd, kd, vd, dod, lsed, delta, dk, dv,
-            L, S, scale, qd.stride(0), kd.stride(0), vd.stride(0), dod.stride(0),
-            dk.stride(0), dv.stride(0), HEAD_DIM=E, CAUSAL=bool(is_causal),
-            BLOCK_M=BLOCK, BLOCK_N=BLOCK)  # fmt: skip
+    taken = _strides(qd, kd, vd, dod)
+    dk, dv = _guarded(S, E, torch.float32, taken), _guarded(S, E, torch.float32, taken)
+    operands = [_Operand("q", qd, "stride_q", "rows < L"),
+                _Operand("k", kd, "stride_k", "keys < S"),
+                _Operand("v", vd, "stride_v", "keys < S"),
+                _Operand("do", dod, "stride_do", "rows < L"),
+                _Operand("lse", lsed, None, "rows < L"),
+                _Operand("delta", delta, None, "rows < L"),
+                _Operand("dk", dk, "stride_dk", output=True),
+                _Operand("dv", dv, "stride_dv", output=True)]  # fmt: skip
+    grid = (math.ceil(S / BLOCK),)
+    walked, tiles = ("q", "do", "lse", "delta"), math.ceil(L / BLOCK)
+    with _watching(operands, walked, tiles, grid[0]) as watch:
+        _launch(kernel, grid, fn, qd, kd, vd, dod, lsed, delta, dk, dv, L, S, scale,
+                qd.stride(0), kd.stride(0), vd.stride(0), dod.stride(0), dk.stride(0),
+                dv.stride(0), HEAD_DIM=E, CAUSAL=bool(is_causal), BLOCK_M=BLOCK,
+                BLOCK_N=BLOCK)  # fmt: skip
     _untouched(dk, "dk")
     _untouched(dv, "dv")
-    return dk.to(q.device), dv.to(q.device)
+    results = dk.to(q.device), dv.to(q.device)
+    return results + (watch.record(),) if record_tiles else results
 
 
 def block_sparse_forward(
@@ -422,7 +766,7 @@ def block_sparse_forward(
     layout: torch.Tensor,
     scale: float | None = None,
     record_tiles: bool = False,
-) -> tuple[torch.Tensor, ...]:
+) -> tuple:
     """Block-sparse attention of one head by ``kernel``: query block ``i`` attends to
     the key blocks ``j`` where ``layout[i, j]`` (blocks of ``BLOCK`` rows, the last
     ones ragged). Returns ``(out (L, E), lse (L,))`` like :func:`attention_forward`.
@@ -435,6 +779,7 @@ def block_sparse_forward(
     """
     fn = "block_sparse_forward"
     _check_attention(fn, kernel, q, k, v, False, scale)
+    check_flag(fn, "record_tiles", record_tiles)
     (L, E), S = q.shape, k.shape[0]
     blocks = (math.ceil(L / BLOCK), math.ceil(S / BLOCK))
     if not isinstance(layout, torch.Tensor) or layout.dtype != torch.bool:
@@ -447,9 +792,9 @@ def block_sparse_forward(
     if record_tiles and _device().type == "cuda":
         out, lse = block_sparse_forward(kernel, q, k, v, layout, scale)
         with interpreting():
-            *_, tiles = block_sparse_forward(kernel, *_on_cpu(q, k, v), layout, scale,
-                                             record_tiles=True)  # fmt: skip
-        return out, lse, tiles
+            *_, record = block_sparse_forward(kernel, *_on_cpu(q, k, v), layout,
+                                              scale, record_tiles=True)  # fmt: skip
+        return out, lse, record
     qd, kd, vd = _to_device(q, k, v)
     counts = layout.sum(1).to(torch.int32)
     row_ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)]).to(torch.int32)
@@ -458,98 +803,71 @@ def block_sparse_forward(
         col_idx = torch.zeros(1, dtype=torch.int32)  # never read: every row is empty
     row_ptr, col_idx = _to_device(row_ptr.contiguous(), col_idx.contiguous())
     scale = 1 / math.sqrt(E) if scale is None else float(scale)
-    out = _guarded(L, E, q.dtype)
+    out = _guarded(L, E, q.dtype, _strides(qd, kd, vd))
     lse = _guarded(L, None, torch.float32)
-    with _watching(kd, record_tiles) as seen:
+    operands = [_Operand("q", qd, "stride_q", "rows < L"),
+                _Operand("k", kd, "stride_k", "keys < S"),
+                _Operand("v", vd, "stride_v", "keys < S"),
+                _Operand("row_ptr", row_ptr), _Operand("col_idx", col_idx),
+                _Operand("out", out, "stride_o", output=True),
+                _Operand("lse", lse, output=True)]  # fmt: skip
+    with _watching(operands, ("k", "v"), blocks[1], blocks[0]) as watch:
         _launch(kernel, (blocks[0],), fn, qd, kd, vd, out, lse, row_ptr, col_idx, L,
                 S, scale, qd.stride(0), kd.stride(0), vd.stride(0), out.stride(0),
                 HEAD_DIM=E, BLOCK=BLOCK)  # fmt: skip
     _untouched(out, "out")
     _untouched(lse, "lse")
     results = out.to(q.device), lse.to(q.device)
-    return results + (_tile_map(seen, blocks[0], S),) if record_tiles else results
+    return results + (watch.record(),) if record_tiles else results
 
 
-@contextlib.contextmanager
-def _watching(k: torch.Tensor, wanted: bool):
-    """:func:`record_loads` of ``K`` when ``wanted`` and interpreting, else nothing."""
-    if not wanted or k.is_cuda:
-        yield None
-        return
-    with record_loads(K=k) as record:
-        yield record
-
-
-def _tile_map(record, programs: int, S: int):
-    """``(programs, key tiles)`` bool: the key tiles each program loaded."""
-    if record is None:
-        return None
-    seen = torch.zeros(programs, math.ceil(S / BLOCK), dtype=torch.bool)
-    for program, tiles in record.tiles("K").items():
-        seen[program[0], tiles] = True
-    return seen
-
-
+# fmt: off
 @triton.jit
-def _causal_forward_without_bound(
-    Q,
-    K,
-    V,
-    O,
-    LSE,
-    L,
-    S,
-    scale,
-    stride_q,
-    stride_k,
-    stride_v,
-    stride_o,
-    HEAD_DIM: tl.constexpr,
-    CAUSAL: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-):
-    """See :func:`causal_kernel_without_bound`."""
+def _two_pass_forward(Q, K, V, O, LSE, L, S, scale, stride_q, stride_k, stride_v,
+                      stride_o, HEAD_DIM: tl.constexpr, CAUSAL: tl.constexpr,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The chapter's wasteful kernel for :func:`attention_forward` (not an answer to
+    its exercise): a two-pass softmax, the row maxima over every key tile first, then
+    the sums shifted by them. It masks every score, so its values are right, but it
+    walks all the key tiles twice, the upper triangle included, where FlashAttention-2
+    walks those up to the causal bound once, rescaling as the maxima grow."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(Q + rows[:, None] * stride_q + dims[None, :], mask=rows[:, None] < L)
-    m = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
-    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    # the bug: the loop has no causal bound, it runs over every key tile
-    for start in range(0, S, BLOCK_N):
+    q = tl.load(Q + rows[:, None] * stride_q + dims[None, :],
+                mask=rows[:, None] < L, other=0.0)
+    top = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    for start in range(0, S, BLOCK_N):  # pass 1, every key tile: the row maxima
         keys = start + tl.arange(0, BLOCK_N)
-        k = tl.load(
-            K + keys[:, None] * stride_k + dims[None, :], mask=keys[:, None] < S
-        )
-        v = tl.load(
-            V + keys[:, None] * stride_v + dims[None, :], mask=keys[:, None] < S
-        )
-        valid = keys[None, :] < S
+        k = tl.load(K + keys[:, None] * stride_k + dims[None, :],
+                    mask=keys[:, None] < S, other=0.0)
+        seen = keys[None, :] < S
         if CAUSAL:
-            valid = valid & (keys[None, :] <= rows[:, None] + S - L)
-        s = tl.where(valid, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, 1))
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp(s - shift[:, None])
-        alpha = tl.exp(m - shift)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
-        m = m_new
-    safe = tl.where(l_i > 0, l_i, 1.0)
-    out = (acc / safe[:, None]).to(O.dtype.element_ty)
-    tl.store(O + rows[:, None] * stride_o + dims[None, :], out, mask=rows[:, None] < L)
-    lse = tl.where(l_i > 0, m + tl.log(safe), float("-inf"))
-    tl.store(LSE + rows, lse, mask=rows < L)
-
-
-def causal_kernel_without_bound():
-    """A deliberately wasteful kernel for :func:`attention_forward`, for the chapter's
-    tile picture: its values are right (the causal mask is applied to every score), but
-    every program walks all the key tiles, the upper triangle included, where no query
-    of its tile sees a key. Returns the ``@triton.jit`` function (its Python source is
-    ``.fn``)."""
-    return _causal_forward_without_bound
+            seen = seen & (keys[None, :] <= rows[:, None] + S - L)
+        s = tl.where(seen, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+        top = tl.maximum(top, tl.max(s, 1))
+    top = tl.where(top == float("-inf"), 0.0, top)  # final: nothing to rescale
+    total = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    for start in range(0, S, BLOCK_N):  # pass 2, every key tile again: the sums
+        keys = start + tl.arange(0, BLOCK_N)
+        k = tl.load(K + keys[:, None] * stride_k + dims[None, :],
+                    mask=keys[:, None] < S, other=0.0)
+        v = tl.load(V + keys[:, None] * stride_v + dims[None, :],
+                    mask=keys[:, None] < S, other=0.0)
+        seen = keys[None, :] < S
+        if CAUSAL:
+            seen = seen & (keys[None, :] <= rows[:, None] + S - L)
+        s = tl.where(seen, tl.dot(q, tl.trans(k)) * scale, float("-inf"))
+        weights = tl.exp(s - top[:, None])
+        total += tl.sum(weights, 1)
+        acc += tl.dot(weights.to(v.dtype), v)
+    some = total > 0
+    total = tl.where(some, total, 1.0)
+    tl.store(O + rows[:, None] * stride_o + dims[None, :],
+             (acc / total[:, None]).to(O.dtype.element_ty), mask=rows[:, None] < L)
+    tl.store(LSE + rows, tl.where(some, top + tl.log(total), float("-inf")),
+             mask=rows < L)
+# fmt: on
 
 
 # --------------------------------------------------------------------------------------
