@@ -33,13 +33,16 @@ UNFUSED = "flex_attention called without torch.compile"
 
 def raise_recompile_limit(shapes: int) -> None:
     """Let dynamo compile one FlexAttention graph per shape the benchmark times: past its
-    recompile limit (8 by default) it silently runs flex_attention eagerly, unfused."""
+    recompile limit (8 by default) it silently runs flex_attention eagerly, unfused. Past
+    the raised limit it raises instead, where this torch has the switch."""
     import torch._dynamo
 
     for name in ("recompile_limit", "cache_size_limit", "accumulated_recompile_limit",
                  "accumulated_cache_size_limit"):
         if hasattr(torch._dynamo.config, name):
             setattr(torch._dynamo.config, name, max(getattr(torch._dynamo.config, name), 4 * shapes))
+    if hasattr(torch._dynamo.config, "fail_on_recompile_limit_hit"):
+        torch._dynamo.config.fail_on_recompile_limit_hit = True
 
 
 def fused_only(fn):
@@ -47,6 +50,10 @@ def fused_only(fn):
     when it runs without torch.compile (eager, or after dynamo gave up on a shape), and a
     benchmark must never print that path's time as FlexAttention's."""
     def call(*args, **kwargs):
+        from torch.nn.attention import flex_attention as module
+
+        # torch warns once per process: forget that it did, so every unfused call warns
+        getattr(module, "_WARNINGS_SHOWN", set()).discard("flex_attention_performance")
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message=UNFUSED)
             try:
