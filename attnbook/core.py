@@ -122,7 +122,7 @@ def _check_scores(fn: str, q, k, *, same_dim: bool = True, scale=None) -> None:
 
 
 def _check_default_scale(fn: str, q, scale) -> None:
-    """The default ``1 / sqrt(E)`` is undefined for ``E = 0``: say so (it divided by 0)."""
+    """The default ``1 / sqrt(E)`` is undefined for ``E = 0``: say so (not 1 / 0)."""
     if scale is None and q.shape[-1] == 0:
         raise ValueError(
             f"{fn}: q has head dim 0, so the default scale 1/sqrt(E) is undefined: "

@@ -206,7 +206,7 @@ def _fused_projections(model: nn.Module):
             held is None
             or held[0].shape != weight.shape
             or held[0].dtype != weight.dtype
-            or held[0].device != weight.device  # model.cuda() after a generate on the CPU
+            or held[0].device != weight.device  # moved since the last call
         ):
             held = _FUSED[attn] = (weight, bias)
         else:
