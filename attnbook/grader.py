@@ -10,8 +10,9 @@ chapter in four steps:
    submission did to them; edited, deleted, moved or extra cells are reported and
    ignored.
 2. **Run.** A fresh kernel runs it under :class:`~attnbook.sandbox.Limits` (time per
-   cell and per notebook, memory, processes, output), in an empty folder, with a clean
-   environment.
+   cell and per notebook, CPU time, memory, processes, disk, output), in an empty
+   folder, with a clean environment. A cell's time leaves out the waits for a CPU that
+   other work held, so a busy machine changes no verdict.
 3. **Check from outside.** A check cell is not run in the kernel. The grader evaluates
    the check (``attnbook.exercises.CHECKS``) in its own process on a stand-in for
    the student's answer (:class:`RemoteFunction`): each call sends the inputs, drawn
@@ -33,6 +34,7 @@ import ast
 import base64
 import contextlib
 import csv
+import math
 import os
 import queue
 import re
@@ -771,9 +773,16 @@ class KernelSession:
 
     ``run(code)`` executes a cell; ``call(expr, path, args, kwargs)`` calls the object
     the expression ``expr`` names (``path`` indexes into it) and returns the decoded
-    result. The kernel is spoken to over IPC sockets in the private folder. With
-    ``isolation="bwrap"`` it runs in the sandbox
-    (:func:`attnbook.sandbox.sandbox_arguments`).
+    result. The kernel is spoken to over IPC sockets. With ``isolation="bwrap"`` it runs
+    in the sandbox (:func:`attnbook.sandbox.sandbox_arguments`), where the sockets lie
+    in its own ``/tmp``, reached from here through ``/proc/<kernel>/root``.
+
+    A cell's time is the wall-clock time it runs less the time the kernel waited for a
+    CPU the machine gave to other work than the submission's
+    (:func:`attnbook.sandbox.run_delay`, :func:`attnbook.sandbox.busy_seconds`), so a
+    busy machine does not time out an honest cell. While a cell runs, the CPU time and
+    the memory of all the submission's processes are checked twice a second; at a cell's
+    timeout every process but the kernel is killed before it is interrupted.
     """
 
     def __init__(
@@ -788,52 +797,55 @@ class KernelSession:
         self.output = 0  # bytes of output the kernel sent so far
         self.answer_limit = min(MAX_REPLY, limits.output // 2)  # bytes of one answer
         self.deadline = time.monotonic() + limits.notebook_timeout
-        self._folder = tempfile.TemporaryDirectory(prefix="attnbook-kernel-")
-        self.folder = Path(self._folder.name)
+        self.folder = Path(tempfile.mkdtemp(prefix="attnbook-kernel-"))
         self.proc: subprocess.Popen | None = None
-        self.client, self._monitors = None, []
+        self.kernel_pid: int | None = None  # the kernel's process, as this host sees it
+        self.chain: set[int] = set()  # the launcher, bwrap's init and the kernel
+        self.client, self._monitors, self._watched = None, [], 0.0
+        self._waited = 0.0  # seconds the kernel waited for a CPU other work held
+        self._counters: tuple[float, float, float] | None = None
 
     # ---- life cycle ------------------------------------------------------------------
     def start(self) -> None:
         jupyter_client = _require("jupyter_client")
         zmq = _require("zmq")
-        work, home = self.folder / "work", self.folder / "home"
-        work.mkdir()
-        home.mkdir()
         connection = self.folder / "kernel.json"
         transport = "ipc" if os.name == "posix" else "tcp"
-        jupyter_client.connect.write_connection_file(
-            str(connection),
-            transport=transport,
-            ip=str(self.folder / "ipc") if transport == "ipc" else "127.0.0.1",
+        if self.isolation == "bwrap":
+            ip, home, cwd = sandbox.SANDBOX_IPC, Path(sandbox.SANDBOX_HOME), self.folder
+            wrapper = sandbox.sandbox_arguments(self.folder, self.limits)
+        else:
+            cwd, home, wrapper = self.folder / "work", self.folder / "home", []
+            cwd.mkdir()
+            home.mkdir()
+            ip = str(self.folder / "ipc") if transport == "ipc" else "127.0.0.1"
+        _, info = jupyter_client.connect.write_connection_file(
+            str(connection), transport=transport, ip=ip
         )
         kernel = [sys.executable, "-m", "ipykernel_launcher", "-f", str(connection)]
-        wrapper = (
-            sandbox.sandbox_arguments(self.folder, work)
-            if self.isolation == "bwrap"
-            else []
-        )
-        self._log = (self.folder / "kernel.log").open("wb")
         self.proc = subprocess.Popen(
             sandbox.launcher_command(self.limits, self.guard, kernel, wrapper),
-            cwd=work,
+            cwd=cwd,
             env=_kernel_env(home),
             stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
+        ready_by = time.monotonic() + 120
+        self.kernel_pid, self.chain = self._find_kernel(ready_by)
+        if self.isolation == "bwrap":
+            info["ip"] = f"/proc/{self.kernel_pid}/root{sandbox.SANDBOX_IPC}"
         context = zmq.Context()
         context.setsockopt(zmq.MAXMSGSIZE, self.limits.output)
         self.client = jupyter_client.BlockingKernelClient(context=context)
-        self.client.load_connection_file(str(connection))
+        self.client.load_connection_info(info)
         self.client.start_channels()
         # a message over MAXMSGSIZE disconnects the kernel's channel: watch for that
         self._monitors = [
             channel.socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
             for channel in (self.client.iopub_channel, self.client.shell_channel)
         ]
-        ready_by = time.monotonic() + 120
         while True:
             self._alive()
             try:
@@ -842,6 +854,23 @@ class KernelSession:
             except RuntimeError:
                 if time.monotonic() > ready_by:
                     raise KernelGone("the kernel did not start in 120 s") from None
+
+    def _find_kernel(self, ready_by: float) -> tuple[int, set[int]]:
+        """The kernel's process id and the chain of processes down to it: the launcher
+        itself (which became the kernel), or in the sandbox the launcher (which became
+        ``bwrap``), bwrap's init in the new PID namespace, and the kernel below it."""
+        if self.isolation != "bwrap":
+            return self.proc.pid, {self.proc.pid}
+        while time.monotonic() < ready_by:
+            self._alive()
+            table = sandbox.processes()
+            tree = sandbox.descendants(self.proc.pid, table)
+            inits = [p.pid for p in tree if p.ppid == self.proc.pid]
+            kernels = [p.pid for p in tree if inits and p.ppid == inits[0]]
+            if kernels:
+                return kernels[0], {self.proc.pid, inits[0], kernels[0]}
+            time.sleep(0.02)
+        raise KernelGone("the kernel did not start in 120 s")
 
     def close(self) -> None:
         for monitor in self._monitors:
@@ -853,14 +882,11 @@ class KernelSession:
             with contextlib.suppress(Exception):
                 self.client.context.destroy(linger=0)
         if self.proc is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            self.guard.kill_all()
+            self._kill_everything()
             with contextlib.suppress(Exception):
-                self.proc.kill()
                 self.proc.wait(timeout=10)
-            self._log.close()
-        self._folder.cleanup()
+        with contextlib.suppress(OSError):
+            sandbox.remove_tree(self.folder)
 
     def __enter__(self) -> KernelSession:
         try:
@@ -873,7 +899,13 @@ class KernelSession:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _alive(self) -> None:
+    def _alive(self, grace: float = 0.0) -> None:
+        """Raise :class:`KernelGone` with the exit status if the kernel has exited;
+        with ``grace``, first wait that long for a kernel process that is already
+        gone (or a zombie) to report its status."""
+        if grace and self.proc.poll() is None and self._kernel_gone():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=grace)
         code = self.proc.poll()
         if code is not None and self.isolation == "bwrap" and 128 < code <= 192:
             code = 128 - code  # bwrap reports a signal as 128 + signal
@@ -881,16 +913,97 @@ class KernelSession:
             why = {
                 -signal.SIGKILL: " (killed: out of memory or processes?)",
                 -signal.SIGSEGV: " (segmentation fault)",
+                -signal.SIGXCPU: " (out of CPU time)",
             }.get(code, "")
             raise KernelGone(f"the kernel died, exit code {code}{why}")
 
-    def kill(self, why: str) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
+    def _kernel_gone(self) -> bool:
+        table = sandbox.processes()
+        kernel = table.get(self.kernel_pid)
+        return bool(table) and (kernel is None or kernel.exited)
+
+    def _watch(self) -> None:
+        """At most twice a second: stop the notebook once all its processes together
+        have used more CPU time than ``limits.cpu_seconds`` or hold more memory than
+        ``limits.memory_together``, and add to :meth:`_clock`'s discount the time the
+        kernel waited for a CPU, in the share of the machine's work that was not the
+        submission's own (its own busy children slow its clock down not at all)."""
+        now = time.monotonic()
+        if now - self._watched < 0.5:
+            return
+        self._watched = now
+        tree = sandbox.descendants(self.proc.pid)
+        cpu = self.guard.cpu_seconds()
+        cpu = sum(p.cpu for p in tree) if cpu is None else cpu
+        counters = (sandbox.run_delay(self.kernel_pid), cpu, sandbox.busy_seconds())
+        if self._counters is not None:
+            delay, own, busy = (a - b for a, b in zip(counters, self._counters))
+            if busy > 0:
+                self._waited += max(delay, 0) * min(max(1 - own / busy, 0), 1)
+        self._counters = counters
+        if cpu > self.limits.cpu_seconds:
+            self.kill(
+                f"the notebook used more than {self.limits.cpu_seconds:g} s of CPU "
+                "time (all its processes together)"
+            )
+        memory = self.limits.memory_together
+        if sandbox.resident(tree, memory) > memory:
+            self.kill(
+                f"the notebook's processes held more than {memory / 2**20:,.0f} MiB of "
+                "memory together"
+            )
+
+    def _signal(self, pid: int | None, sig: int | None) -> None:
+        if pid is not None and sig is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+
+    def _kill_others(self, interrupt: bool = False) -> None:
+        """SIGKILL every process of the submission but the chain down to the kernel:
+        what a cell left running, in a session of its own or not. The kernel is
+        stopped meanwhile, so it cannot start more; with ``interrupt`` its main thread
+        gets a SIGINT as it resumes (:func:`attnbook.sandbox.interrupt_main_thread`)."""
+        self._signal(self.kernel_pid, getattr(signal, "SIGSTOP", None))
+        try:
+            for _ in range(50):  # children may fork while we kill: repeat until none
+                tree = sandbox.descendants(self.proc.pid)
+                others = {p.pid for p in tree if not p.exited} | self.guard.members()
+                others -= self.chain
+                if not others:
+                    return
+                for pid in others:
+                    self._signal(pid, signal.SIGKILL)
+                time.sleep(0.02)
+        finally:
+            if interrupt and self.kernel_pid is not None:
+                sandbox.interrupt_main_thread(self.kernel_pid)
+            self._signal(self.kernel_pid, getattr(signal, "SIGCONT", None))
+
+    def _kill_everything(self) -> None:
+        """SIGKILL every process of the submission: those below the kernel first, while
+        it still adopts their orphans, then the kernel and the chain above it (in the
+        sandbox the kernel's PID namespace, and all in it, dies with bwrap's init)."""
+        self._kill_others()
+        middle = self.chain - {self.kernel_pid, self.proc.pid}  # bwrap's init
+        for pid in (self.kernel_pid, *middle, self.proc.pid):
+            self._signal(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError, PermissionError, AttributeError):
             os.killpg(self.proc.pid, signal.SIGKILL)
         self.guard.kill_all()
+
+    def kill(self, why: str) -> None:
+        """Stop the notebook for ``why``; a kernel that has already died on its own is
+        reported as such."""
+        self._alive(grace=2.0)
+        self._kill_everything()
         raise KernelGone(why)
 
     # ---- executing -------------------------------------------------------------------
+    def _clock(self) -> float:
+        """Seconds that count against a cell's time: wall-clock time less the time the
+        kernel waited for a CPU that other work held (see :meth:`_watch`)."""
+        return time.monotonic() - self._waited
+
     def run(self, code: str, user_expressions: dict | None = None) -> CellRun:
         """Execute ``code``; raises :class:`attnbook.grader.CallTimeout` (the cell was
         interrupted, the kernel lives on) or :class:`attnbook.grader.KernelGone`."""
@@ -908,19 +1021,34 @@ class KernelSession:
             user_expressions=user_expressions or {},
         )
         result = CellRun()
-        if not self._drain(msg_id, time.monotonic() + timeout, result):
+        if not self._drain(msg_id, timeout, result, self.deadline):
             self._interrupt(msg_id)
             raise CallTimeout(f"ran longer than {timeout:g} s")
         result.reply = self._reply(msg_id)
         return result
 
-    def _drain(self, msg_id: str, until: float, result: CellRun) -> bool:
-        """Read the kernel's output until the cell is done (True) or ``until`` (False),
-        counting its bytes against the output limit."""
+    def _drain(
+        self,
+        msg_id: str,
+        budget: float,
+        result: CellRun,
+        until: float = math.inf,
+        reap: bool = False,
+    ) -> bool:
+        """Read the kernel's output until the cell is done (True), or it has run for
+        ``budget`` seconds of :meth:`_clock` or the wall clock reads ``until`` (False),
+        counting its bytes against the output limit; with ``reap``, killing every
+        process but the kernel as it goes."""
+        start, reaped = self._clock(), 0.0
         while True:
             self._alive()
-            left = until - time.monotonic()
+            self._watch()
+            if reap and time.monotonic() - reaped > 0.25:
+                self._kill_others()
+                reaped = time.monotonic()
+            left = min(budget - (self._clock() - start), until - time.monotonic())
             if left <= 0:
+                self._alive(grace=1.0)  # a kernel that died just now is no timeout
                 return False
             if any(monitor.poll(0) for monitor in self._monitors):
                 self.kill(
@@ -948,8 +1076,8 @@ class KernelSession:
                 return True
 
     def _reply(self, msg_id: str) -> dict:
-        until = time.monotonic() + 10
-        while time.monotonic() < until:
+        start = self._clock()
+        while self._clock() - start < 10:
             self._alive()
             if any(monitor.poll(0) for monitor in self._monitors):
                 self.kill(
@@ -966,12 +1094,12 @@ class KernelSession:
         return {}  # pragma: no cover - kill raises
 
     def _interrupt(self, msg_id: str) -> None:
-        """Interrupt the running cell; kill the kernel if it does not stop in 10 s."""
-        # over the control channel: the kernel may be in a sandbox of its own
-        request = self.client.session.msg("interrupt_request", {})
-        self.client.control_channel.send(request)
-        if not self._drain(msg_id, time.monotonic() + 10, CellRun()):
+        """Kill every process of the submission but the kernel and interrupt the running
+        cell (SIGINT, as Jupyter does); kill the kernel if it does not stop in 10 s."""
+        self._kill_others(interrupt=True)
+        if not self._drain(msg_id, 10, CellRun(), reap=True):
             self.kill("a cell ran past its time limit and ignored the interrupt")
+        self._kill_others()  # what it started between the SIGINT and its stop
         self._reply(msg_id)
 
     # ---- calling the student's code from the grader ----------------------------------
@@ -1419,7 +1547,7 @@ def grade_notebook(
         return finish()
 
     answer_errors: dict[str, str] = {}
-    with sandbox.process_guard(limits.processes) as guard:
+    with sandbox.process_guard(limits.processes, limits.memory_together) as guard:
         try:
             with KernelSession(limits, guard, isolation) as kernel:
                 for step in steps:

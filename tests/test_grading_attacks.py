@@ -18,9 +18,12 @@ import base64
 import csv
 import functools
 import json
+import os
 import resource
 import struct
+import subprocess
 import sys
+import time
 import textwrap
 from pathlib import Path
 
@@ -260,6 +263,17 @@ def attacked(tmp_path_factory):
     mini = mini_chapter()
     marker = root / "pwned-by-the-reply"
     attacks = dict(ATTACKS, **{"forged-reply": first_answer(FORGED_REPLY.format(marker=marker))})
+    # a folder of mode 0500 holding a link to the instructor's file, left in the kernel's folder:
+    # removing that folder must not chmod the file (CVE-2023-6597 in TemporaryDirectory)
+    instructor = root / "instructor-grades.csv"
+    instructor.write_text("ada,4\n")
+    instructor.chmod(0o600)
+    attacks["links-to-the-instructor"] = stub_plus(f"""
+        import os
+        os.makedirs("locked")
+        os.symlink({str(instructor)!r}, "locked/grades")
+        os.chmod("locked", 0o500)
+        """)
     attacks["write-into-the-graders-folders"] = stub_plus(f"""
         from pathlib import Path
         for target in [Path({str(out / "grades.csv")!r}), Path({str(out / "gradebook.csv")!r}),
@@ -289,7 +303,8 @@ def attacked(tmp_path_factory):
     grown = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before
     with (out / "gradebook.csv").open(newline="") as f:
         gradebook = {line[0]: line for line in csv.reader(f)}
-    return {"rows": rows, "gradebook": gradebook, "out": out, "marker": marker, "root": root, "grown": grown}
+    return {"rows": rows, "gradebook": gradebook, "out": out, "marker": marker, "root": root, "grown": grown,
+            "instructor": instructor}
 
 
 def rows_of(attacked, student):
@@ -309,7 +324,7 @@ def test_comments_and_names_that_mention_the_machinery_are_not_tampering(attacke
     assert attacked["gradebook"]["mentions"][1:] == [str(FULL), str(FULL)]
 
 
-@pytest.mark.parametrize("attack", sorted([*ATTACKS, "write-into-the-graders-folders"]))
+@pytest.mark.parametrize("attack", sorted([*ATTACKS, "write-into-the-graders-folders", "links-to-the-instructor"]))
 def test_an_attack_scores_no_more_than_a_blank_submission(attacked, attack):
     rows = rows_of(attacked, attack)
     assert set(LABELS) <= set(rows), f"{attack}: a check has no row"
@@ -370,6 +385,58 @@ def test_a_dead_kernel_is_reported_and_stops_the_notebook(attacked):
     assert row["attention-sqrt-dk"]["status"] == "not run"
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pins processes to a CPU (Linux)")
+def test_a_dead_kernel_is_reported_the_same_on_a_busy_machine(tmp_path, monkeypatch):
+    """Three busy processes share one CPU with the grader and its kernel, so a cell takes about four
+    times as long on the wall clock as on an idle machine: the answer that computes for half the
+    time limit, then exits, runs twice past it. A cell's time leaves out the waits for a CPU that
+    other work held: the call does not time out, and the kernel's exit is reported with its exit
+    code, as on an idle machine (timed by the wall clock, the call was interrupted instead)."""
+    cpu = min(os.sched_getaffinity(0))
+    mine = os.sched_getaffinity(0)
+    limits = sandbox.Limits(cell_timeout=3, notebook_timeout=300)
+    start, n = time.process_time(), 2 * 10**6
+    x = 0
+    for i in range(n):
+        x += i
+    n = int(n * limits.cell_timeout / 2 / (time.process_time() - start))  # half the limit
+    book, subs = classroom(tmp_path, {"exit": first_answer(f"""
+        import os
+        def my_masked_softmax(*args, **kwargs):
+            x = 0
+            for i in range({n}):
+                x += i
+            os._exit(3)
+        """)})
+    walls = []
+    run = grader.KernelSession.run
+
+    def timed(self, code, *args, **kwargs):
+        start = time.monotonic()
+        try:
+            return run(self, code, *args, **kwargs)
+        finally:
+            walls.append(time.monotonic() - start)
+
+    monkeypatch.setattr(grader.KernelSession, "run", timed)
+    # each in a session of its own, as the kernel is: the scheduler shares a CPU among sessions
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+            for _ in range(3)]
+    try:
+        for hog in hogs:
+            os.sched_setaffinity(hog.pid, {cpu})
+        os.sched_setaffinity(0, {cpu})  # the kernel inherits it
+        rows = grader.grade([subs], tmp_path / "g.csv", book_dir=book, limits=limits, isolation="none")
+    finally:
+        os.sched_setaffinity(0, mine)
+        for hog in hogs:
+            hog.kill()
+            hog.wait()
+    got = {r["label"]: r for r in rows}
+    assert "the kernel died, exit code 3" in got["*"]["message"], got
+    assert max(walls) > limits.cell_timeout, f"no cell was slowed past the time limit: {walls}"
+
+
 def test_loops_are_interrupted_or_killed_and_the_rest_still_runs(attacked):
     row = rows_of(attacked, "infinite-loop")["attention-masked-softmax"]  # the answer never got defined
     assert row["status"] == "not run" and "your answer cell raised the cell ran longer than 10 s" in row["message"]
@@ -389,6 +456,11 @@ def test_memory_and_output_are_capped(attacked):
     assert row["status"] == "error" and "more than 20 MB of output" in row["message"], row
     row = rows_of(attacked, "huge-answer")["attention-masked-softmax"]
     assert row["status"] == "failed" and "the grader takes at most 10 MB" in row["message"]
+
+
+def test_removing_a_kernels_folder_follows_no_link_the_submission_left(attacked):
+    assert oct(attacked["instructor"].stat().st_mode & 0o777) == "0o600"
+    assert attacked["instructor"].read_text() == "ada,4\n"
 
 
 def test_writes_into_the_graders_folders_do_not_change_this_runs_files(attacked):

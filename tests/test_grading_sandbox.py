@@ -16,6 +16,7 @@ import socket
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,37 @@ class Server:
         self.sock.close()
 
 
+def setsid_children(nb):
+    """The first answer starts 8 busy children, each in a session of its own ignoring SIGINT, and
+    sleeps past the cell's time limit; the second counts the children still alive."""
+    first, second = [c for c in nb.cells if "solution" in c.metadata.get("tags", [])][:2]
+    first.source = textwrap.dedent("""
+        import os, signal, time
+        children = []
+        for _ in range(8):
+            pid = os.fork()
+            if pid == 0:
+                os.setsid()
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                while True:
+                    pass
+            children.append(pid)
+        with open("/tmp/children", "w") as f:
+            f.write(" ".join(map(str, children)))
+        time.sleep(3600)
+        """)
+    second.source = textwrap.dedent("""
+        def alive(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+            except OSError:
+                return False
+        pids = [int(p) for p in open("/tmp/children").read().split()]
+        raise RuntimeError(f"{sum(map(alive, pids))} of {len(pids)} children alive")
+        """)
+
+
 @pytest.fixture(scope="module")
 def sandboxed(tmp_path_factory):
     root = tmp_path_factory.mktemp("sandbox")
@@ -127,11 +159,34 @@ def sandboxed(tmp_path_factory):
                 except OSError:
                     pass
             """),
+        # every writable place is a sized tmpfs (64 MiB here): the writes stop there, none reach
+        # the grader's disk, and the kernel goes on
+        "fill-the-disk": answer_with("""
+            import os
+            report = []
+            for folder in [os.getcwd(), os.path.expanduser("~"), "/tmp", "/dev/shm", "/dev", "/"]:
+                written = 0
+                try:
+                    with open(os.path.join(folder, "filler"), "wb") as f:
+                        while written < 2**30:
+                            f.write(bytes(2**20))
+                            f.flush()
+                            written += 2**20
+                except OSError as err:
+                    report.append(f"{folder}:{written >> 20}:{err.strerror}")
+            for folder in [os.getcwd(), os.path.expanduser("~"), "/tmp", "/dev/shm"]:
+                os.remove(os.path.join(folder, "filler"))
+            raise OSError(";".join(report))
+            """),
+        # children in sessions of their own that ignore SIGINT and spin: killed at the cell's
+        # timeout, so the next answer cell finds none of them alive
+        "setsid-children": setsid_children,
     }
     classroom(root, {"ada": mini, "blank": blank_of(mini), **attacks})
     out.mkdir()
     (out / "grades-of-last-week.csv").write_text("student,points\nada,4\n")
-    limits = sandbox.Limits(cell_timeout=6, notebook_timeout=120, memory=3 * sandbox.GIB, processes=64)
+    limits = sandbox.Limits(cell_timeout=6, notebook_timeout=120, memory=3 * sandbox.GIB, processes=64,
+                            disk=64 * 2**20)
     try:
         rows = grader.grade([subs], out / "grades.csv", book_dir=book, limits=limits, jobs=2, isolation="bwrap")
         # the control: the same probe without the sandbox finds the book (in a source checkout)
@@ -167,14 +222,18 @@ def test_the_honest_student_keeps_full_marks(sandboxed):
 
 @pytest.mark.parametrize("attack", ["read-the-book-beside-the-package", "read-the-book-by-its-path",
                                     "read-a-classmates-submission", "read-the-grades-and-home", "phone-home",
-                                    "write-outside", "fork-bomb"])
+                                    "write-outside", "fork-bomb", "fill-the-disk", "setsid-children"])
 def test_an_attack_on_the_sandbox_scores_as_blank_and_is_reported(sandboxed, attack):
     rows = rows_of(sandboxed, attack)
     assert all(rows[label]["passed"] == 0 for label in LABELS), {k: r["message"] for k, r in rows.items()}
     assert sandboxed["gradebook"][attack][1:] == ["0", "0"]
     first = rows[LABELS[0]]["message"]
-    if attack == "fork-bomb":  # killed once its cell outlived the time limit
-        assert rows["*"]["status"] == "error" and "ran past its time limit" in rows["*"]["message"]
+    if attack == "fork-bomb":  # its forks killed at the cell's time limit; its kernel, left with
+        # nothing but zombies to fill its 64 processes, may not recover from the interrupt
+        stopped = "*" in rows and "ran past its time limit" in rows["*"]["message"]
+        assert stopped or "ran longer than 6 s" in first, (first, rows.get("*"))
+    elif attack == "setsid-children":
+        assert "your answer cell raised the cell ran longer than 6 s" in first, first
     else:
         assert first.startswith(grader.NOT_RUN) and "your answer cell raised" in first, first
 
@@ -187,7 +246,9 @@ def test_the_reasons_reach_the_feedback(sandboxed):
         "read-the-grades-and-home": "FileNotFoundError",
         "phone-home": "ConnectionRefusedError",
         "write-outside": "FileNotFoundError",
-        "fork-bomb": "ran past its time limit",
+        "fork-bomb": "ran ",
+        "fill-the-disk": "No space left on device",
+        "setsid-children": "0 of 8 children alive",
     }
     for attack, reason in reasons.items():
         assert reason in (feedback / f"{attack}.md").read_text(), attack
@@ -197,3 +258,75 @@ def test_nothing_left_the_sandbox(sandboxed):
     assert sandboxed["server"].connections == 0, "a kernel reached a server on the grader's host"
     assert not sandboxed["outside"].exists(), "a kernel wrote outside its folder"
     assert not Path("/tmp/inside-the-sandbox").exists()
+
+
+def test_the_disk_filler_wrote_only_into_its_tmpfs(sandboxed):
+    message = rows_of(sandboxed, "fill-the-disk")[LABELS[0]]["message"]
+    sizes = [int(part.split(":")[1]) for part in message.split("raised OSError: ")[1].split(";")]
+    assert sum(sizes[:3]) <= 64 and sizes[3] <= 16 and sizes[4:] == [0, 0], message  # /tmp, /dev/shm, /dev, /
+    assert "Read-only file system" in message or "Permission denied" in message, message
+
+
+def test_the_setsid_children_died_at_the_cells_timeout(sandboxed):
+    second = rows_of(sandboxed, "setsid-children")[LABELS[1]]["message"]
+    assert "RuntimeError: 0 of 8 children alive" in second, second
+
+
+def grade_alone(tmp_path, answer, limits):
+    """Grade ``answer`` (a change to the blank notebook) beside an honest student, two at a time in
+    the sandbox; returns the rows by student and label."""
+    mini = mini_chapter()
+    book, subs = classroom(tmp_path, {"ada": mini, "attacker": answer})
+    rows = grader.grade([subs], tmp_path / "grades.csv", book_dir=book, limits=limits, jobs=2,
+                        isolation="bwrap")
+    return {(r["student"], r["label"]): r for r in rows}
+
+
+def test_busy_children_in_the_background_are_stopped_by_the_notebooks_cpu_cap(tmp_path):
+    """Four children spin in the background while the notebook sleeps: all its processes together
+    reach the CPU cap (15 s here) long before the notebook's time limit, and the notebook stops."""
+    spin = answer_with("""
+        import os, time
+        for _ in range(4):
+            if os.fork() == 0:
+                os.setsid()
+                while True:
+                    pass
+        time.sleep(60)
+        """)
+    limits = sandbox.Limits(cell_timeout=90, notebook_timeout=120, memory=3 * sandbox.GIB, cpu_time=15)
+    start = time.monotonic()
+    got = grade_alone(tmp_path, spin, limits)
+    assert "the notebook used more than 15 s of CPU time" in got["attacker", "*"]["message"], got
+    assert all(got["attacker", label]["passed"] == 0 for label in LABELS)
+    assert all(got["ada", label]["status"] == "passed" for label in LABELS)
+    assert time.monotonic() - start < 60, "stopped by its CPU time, not by its 60 s sleep"
+
+
+def test_the_memory_of_all_a_submissions_processes_is_bounded_together(tmp_path):
+    """Three children hold 600 MB each; one process may have 3 GiB, all together 1 GiB. The
+    submission is stopped (its memory polled), or the children are killed as they go past (a
+    memory cgroup, as root): either way no two hold their 1.2 GB at once."""
+    hoard = answer_with("""
+        import os, time
+        for _ in range(3):
+            if os.fork() == 0:
+                block = bytearray(600 * 2**20)  # zero-filled: every page is touched
+                open(f"/tmp/held-{os.getpid()}", "w").close()
+                time.sleep(60)
+                os._exit(0)
+        time.sleep(8)
+        held = [name for name in os.listdir("/tmp") if name.startswith("held-")
+                and os.path.exists(f"/proc/{name[5:]}")]
+        raise RuntimeError(f"{len(held)} children hold their memory")
+        """)
+    limits = sandbox.Limits(cell_timeout=30, notebook_timeout=120, memory=3 * sandbox.GIB,
+                            total_memory=sandbox.GIB)
+    got = grade_alone(tmp_path, hoard, limits)
+    notebook = got.get(("attacker", "*"), {}).get("message", "")
+    first = got["attacker", LABELS[0]]["message"]
+    stopped = "processes held more than 1,024 MiB of memory together" in notebook \
+        or "the kernel died, exit code -9" in notebook
+    assert stopped or any(f"{n} children hold their memory" in first for n in (0, 1)), (notebook, first)
+    assert all(got["attacker", label]["passed"] == 0 for label in LABELS)
+    assert all(got["ada", label]["status"] == "passed" for label in LABELS)
