@@ -330,3 +330,39 @@ def test_the_memory_of_all_a_submissions_processes_is_bounded_together(tmp_path)
     assert stopped or any(f"{n} children hold their memory" in first for n in (0, 1)), (notebook, first)
     assert all(got["attacker", label]["passed"] == 0 for label in LABELS)
     assert all(got["ada", label]["status"] == "passed" for label in LABELS)
+
+
+HOARD = """
+import os, time
+for _ in range(3):
+    if os.fork() == 0:
+        block = bytearray(600 * 2**20)
+        time.sleep(60)
+        os._exit(0)
+time.sleep(30)
+"""
+
+SPIN = """
+import os, time
+for _ in range(4):
+    if os.fork() == 0:
+        os.setsid()
+        while True:
+            pass
+time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("code, limits, why", [
+    (HOARD, sandbox.Limits(cell_timeout=20, memory=3 * sandbox.GIB, total_memory=sandbox.GIB),
+     "the notebook's processes held more than 1,024 MiB of memory together"),
+    (SPIN, sandbox.Limits(cell_timeout=20, cpu_time=8), "the notebook used more than 8 s of CPU time"),
+])
+def test_without_a_cgroup_the_totals_are_polled(code, limits, why):
+    """As an ordinary user (no cgroup), the grader adds up the memory and CPU time of every process
+    of the submission twice a second and stops the notebook past the limit."""
+    guard = sandbox.ProcessGuard("none")  # what a user who is not root gets: no cgroup
+    start = time.monotonic()
+    with pytest.raises(grader.KernelGone, match=why), grader.KernelSession(limits, guard, "bwrap") as kernel:
+        kernel.run(code)
+    assert time.monotonic() - start < 20, "stopped by the total, not by the cell's time limit"
