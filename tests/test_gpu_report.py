@@ -86,3 +86,13 @@ def test_the_kv_cache_chapter_quotes_the_reports_numbers():
     assert quoted and all(n in printed for n in quoted), [n for n in quoted if n not in printed]
     for ratio in ("0.21", "0.04", "0.51", "0.11"):
         assert ratio in prose
+
+
+def test_the_instructor_guide_shows_the_measured_gpu_times():
+    guide = (ROOT / "book" / "course.md").read_text()
+    rows = dict(re.findall(r"^\| \{doc\}`(\w+)` \|.*\| ([^|]+) \|$", guide.split("## Chapter by chapter")[0], re.M))
+    report = gpu_report()
+    assert report["environment"]["device"].split()[-1] + " run time" in guide
+    for c in report["chapters"]:
+        expected = f"{c['seconds']:.0f} s" if c["status"] == "passed" else "failed"
+        assert rows[c["chapter"]].strip().startswith(expected), (c["chapter"], rows[c["chapter"]])
