@@ -533,11 +533,16 @@ class _Writes(ast.NodeVisitor):
                 self.report(node, f"changes the namespace of {owner}")
             elif _touches(base, self.machinery):
                 self.report(node, f"calls {ast.unparse(func)[:80]}")
-        elif name in ("exec", "eval") and args:
-            code = self.const(args[0])
+        else:
+            # code run from a string: exec, eval, and IPython's cell magics (%%capture)
+            method = func.attr if isinstance(func, ast.Attribute) else None
+            where = {"run_cell_magic": 2, "run_cell": 0, "ex": 0, "ev": 0}.get(method)
+            where = 0 if name in ("exec", "eval") else where
+            ok = where is not None and where < len(args)
+            code = self.const(args[where]) if ok else None
             if code is not None:
                 try:
-                    tree = ast.parse(code)
+                    tree = ast.parse(_ipython_to_python(code))
                 except (SyntaxError, ValueError):
                     return
                 for statement in tree.body:
