@@ -484,7 +484,9 @@ def remove_tree(path) -> None:
 # --------------------------------------------------------------------------------------
 # The sandbox: bubblewrap
 # --------------------------------------------------------------------------------------
-SANDBOX_WORK = "/tmp/work"  # the kernel's working folder, in the sandbox
+#: The kernel's working folder, inside the sandbox (on its sized ``/tmp``).
+SANDBOX_WORK = "/tmp/work"
+#: The kernel's home folder, inside the sandbox (on its sized ``/tmp``).
 SANDBOX_HOME = "/tmp/home"
 SANDBOX_IPC = "/tmp/ipc/kernel"  # its IPC sockets: /tmp/ipc/kernel-<port>
 
