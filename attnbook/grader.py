@@ -20,7 +20,12 @@ chapter in four steps:
    kernel, runs the student's function there, and brings back only the result, which
    is decoded as plain data (tensors, numbers, strings, lists; no code) and compared
    with the reference in the grader. Nothing the submission prints, writes or patches
-   in its kernel decides a verdict.
+   in its kernel decides a verdict. The kernel lab's checks go further: their answer
+   is a kernel's source. The grader reads the answer cells' ``@triton.jit`` functions
+   (:func:`kernel_source`, which allows Triton's language and nothing else), and
+   defines them in a worker of their own, a second kernel in which no student cell
+   ran, where the book's launchers run them in Triton's interpreter and measure their
+   tiles.
 4. **Report.** One row per check, a Markdown feedback file per student, and a
    gradebook CSV with points per chapter.
 
@@ -62,6 +67,9 @@ __all__ = [
     "Untrusted",
     "MACHINERY",
     "machinery_writes",
+    "kernel_check",
+    "kernel_source",
+    "KernelSource",
     "RemoteFunction",
     "isolation_for",
     "summary",
@@ -723,6 +731,261 @@ def rebuild(chapter: Chapter, submission) -> tuple[list[Step], list[str], list[s
             "your answer cells count"
         )
     return steps, notes, tampering
+
+
+# --------------------------------------------------------------------------------------
+# Kernel checks: the kernel lab's kernels, graded from their source
+# --------------------------------------------------------------------------------------
+# A kernel-lab check names the lab's launcher and the student's @triton.jit function:
+# ``functools.partial(lab.softmax, softmax_kernel)``. Its answer is the kernel's source.
+# The grader reads the answer cells, keeps their @triton.jit functions and constants
+# when the code is Triton code (below), and defines them in a worker of its own, a
+# second kernel in which no student cell ever ran; the launchers there are the book's.
+_KERNEL_NAMES = frozenset(("tl", "triton", "functools", "lab"))
+# the Python built-ins a Triton kernel may call (the compiler knows these)
+_KERNEL_BUILTINS = frozenset(
+    ("range", "min", "max", "abs", "float", "int", "bool", "len", "print")
+)
+_TRITON_ATTRIBUTES = frozenset(("cdiv", "next_power_of_2"))
+# attributes that reach past Triton's values into the interpreter or Python's frames
+_KERNEL_INTERNALS = frozenset(
+    ("handle", "mro", "f_globals", "f_locals", "f_builtins", "f_back", "gi_frame")
+    + ("gi_code", "cr_frame", "tb_frame", "tb_next", "func_globals")
+)
+_KERNEL_STATEMENTS = (
+    ast.Assign,
+    ast.AugAssign,
+    ast.AnnAssign,
+    ast.For,
+    ast.While,
+    ast.If,
+    ast.Expr,
+    ast.Return,
+    ast.Pass,
+    ast.Break,
+    ast.Continue,
+    ast.Assert,
+    ast.Raise,
+)
+_KERNEL_EXPRESSIONS = (
+    ast.BoolOp,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.IfExp,
+    ast.Compare,
+    ast.Call,
+    ast.keyword,
+    ast.Constant,
+    ast.Attribute,
+    ast.Subscript,
+    ast.Slice,
+    ast.Name,
+    ast.List,
+    ast.Tuple,
+    ast.JoinedStr,
+    ast.FormattedValue,
+    ast.expr_context,
+    ast.operator,
+    ast.unaryop,
+    ast.cmpop,
+    ast.boolop,
+)
+
+
+def kernel_check(expr: str) -> tuple[str, str] | None:
+    """``(launcher, kernel)`` when the check expression ``expr`` is
+    ``functools.partial(lab.<launcher>, <kernel>)``, a kernel-lab check whose answer is
+    the ``@triton.jit`` function named ``kernel``; ``None`` for any other check."""
+    try:
+        call = ast.parse(expr, mode="eval").body
+    except SyntaxError:
+        return None
+    if not (
+        isinstance(call, ast.Call)
+        and not call.keywords
+        and len(call.args) == 2
+        and ast.unparse(call.func) == "functools.partial"
+        and isinstance(call.args[0], ast.Attribute)
+        and isinstance(call.args[0].value, ast.Name)
+        and call.args[0].value.id == "lab"
+        and isinstance(call.args[1], ast.Name)
+    ):
+        return None
+    return call.args[0].attr, call.args[1].id
+
+
+@dataclass
+class KernelSource:
+    """What the grader takes from a submission's answer cells for the kernel checks:
+    ``text``, the ``@triton.jit`` functions and constants it allows, in the order the
+    cells define them (rewritten from their syntax trees: no comment, no other code);
+    ``defined``, their names; ``refused``, why a function named there was left out."""
+
+    text: str = ""
+    defined: set[str] = field(default_factory=set)
+    refused: dict[str, str] = field(default_factory=dict)
+
+
+def _is_triton_jit(node: ast.expr) -> bool:
+    return ast.unparse(node) == "triton.jit"
+
+
+def _literal(node: ast.expr | None) -> bool:
+    """A number or a bool, maybe signed, maybe in ``tl.constexpr(...)``."""
+    if isinstance(node, ast.Call) and ast.unparse(node.func) == "tl.constexpr":
+        return len(node.args) == 1 and not node.keywords and _literal(node.args[0])
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    return isinstance(node, ast.Constant) and type(node.value) in (int, float, bool)
+
+
+class _KernelReader(ast.NodeVisitor):
+    """Why one ``@triton.jit`` function is not Triton code the grader can run: each
+    problem a line. Allowed are the statements and expressions of Triton's language,
+    the names the function binds, its parameters, the submission's other kernels and
+    constants, ``tl``, ``triton.cdiv``, ``triton.next_power_of_2`` and a few
+    built-ins; attributes of ``tl`` that are not modules (``tl.math`` aside); no
+    attribute that starts with ``_`` or reaches into the interpreter; ``raise`` only of
+    ``NotImplementedError`` (the exercise's stub)."""
+
+    def __init__(self, known: set[str]):
+        self.known = known
+        self.problems: list[str] = []
+        self.names: set[str] = set()
+
+    def problem(self, node: ast.AST, what: str) -> None:
+        if len(self.problems) < 3:
+            self.problems.append(f"line {getattr(node, 'lineno', '?')}: {what}")
+
+    def read(self, fn: ast.FunctionDef) -> list[str]:
+        args = fn.args
+        if args.vararg or args.kwarg:
+            self.problem(fn, "a kernel takes no *args or **kwargs")
+        params = args.posonlyargs + args.args + args.kwonlyargs
+        for arg in params:
+            if arg.annotation is not None and ast.unparse(arg.annotation) not in (
+                "tl.constexpr",
+                "triton.language.constexpr",
+            ):
+                self.problem(arg, f"parameter {arg.arg} is annotated other than "
+                             "tl.constexpr")  # fmt: skip
+        for default in args.defaults + [d for d in args.kw_defaults if d is not None]:
+            if not _literal(default) and not (
+                isinstance(default, ast.Constant) and default.value is None
+            ):
+                self.problem(default, "a parameter's default must be a number")
+        stored = {
+            n.id
+            for n in ast.walk(fn)
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)
+        }
+        bound = {a.arg for a in params} | stored
+        for name in sorted(bound & {"tl", "triton"}):
+            self.problem(fn, f"the kernel rebinds {name}")
+        self.names = bound | self.known | {"tl", "triton"} | _KERNEL_BUILTINS
+        for statement in fn.body:
+            self.visit(statement)
+        return self.problems
+
+    def generic_visit(self, node: ast.AST) -> None:
+        if not isinstance(node, _KERNEL_STATEMENTS + _KERNEL_EXPRESSIONS):
+            self.problem(node, f"{type(node).__name__} is not part of Triton's language")
+            return
+        super().generic_visit(node)
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if node.id not in self.names:
+            self.problem(node, f"the kernel reads {node.id}, which is not a kernel's: "
+                         "only its parameters, its own names, tl and the kernels and "
+                         "constants of your answer cells")  # fmt: skip
+
+    def visit_Attribute(self, node: ast.Attribute) -> None:
+        name = node.attr
+        if name.startswith("_") or name in _KERNEL_INTERNALS:
+            self.problem(node, f"the attribute .{name} is not part of Triton's language")
+            return
+        base = ast.unparse(node.value)
+        if base == "triton":
+            if name not in _TRITON_ATTRIBUTES:
+                self.problem(node, f"triton.{name} cannot be called in a kernel")
+            return
+        if base in ("tl", "tl.math"):
+            import inspect
+
+            module = _require("triton.language")
+            if base == "tl.math":
+                module = module.math
+            value = getattr(module, name, None)
+            if value is None:
+                self.problem(node, f"{base} has no {name}")
+            elif inspect.ismodule(value) and (base, name) != ("tl", "math"):
+                self.problem(node, f"{base}.{name} is a module, not part of the "
+                             "language")  # fmt: skip
+            return
+        self.visit(node.value)
+
+    def visit_Raise(self, node: ast.Raise) -> None:
+        exc = node.exc
+        if isinstance(exc, ast.Call) and all(
+            isinstance(a, ast.Constant) for a in exc.args
+        ) and not exc.keywords:
+            exc = exc.func
+        if node.cause is not None or ast.unparse(exc or node) != "NotImplementedError":
+            self.problem(node, "a kernel raises nothing but the stub's "
+                         "NotImplementedError")  # fmt: skip
+
+
+def kernel_source(answers: list[str]) -> KernelSource:
+    """The ``@triton.jit`` functions and constants of the answer cells ``answers`` (in
+    the order they run) that :class:`_KernelReader` allows, as one source text; a
+    function it refuses is named in ``refused`` with the first problems found, and any
+    other code in the cells is left out: it ran, if at all, in the student's kernel."""
+    nodes: list[ast.stmt] = []
+    refused: dict[str, str] = {}
+    for source in answers:
+        try:
+            tree = ast.parse(_ipython_to_python(source))
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.FunctionDef) and any(
+                _is_triton_jit(d) for d in node.decorator_list
+            ):
+                nodes.append(node)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)) and _literal(node.value):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if len(targets) == 1 and isinstance(targets[0], ast.Name):
+                    nodes.append(node)
+    kept, defined = [], set()
+    known = {_defined_name(n) for n in nodes}
+    for node in nodes:
+        name = _defined_name(node)
+        why = None
+        if name in _KERNEL_NAMES or name.startswith("_"):
+            why = f"the name {name} is the grader's; choose another"
+        elif isinstance(node, ast.FunctionDef):
+            try:
+                problems = _KernelReader(known).read(node)
+            except RecursionError:
+                problems = ["it is too deeply nested to be read"]
+            if len(node.decorator_list) != 1:
+                problems.insert(0, "a kernel has one decorator, @triton.jit")
+            why = "; ".join(problems) or None
+        if why is None:  # the last definition of a name is the one that counts
+            kept.append(ast.unparse(node))
+            defined.add(name)
+            refused.pop(name, None)
+        else:
+            refused[name] = why
+            defined.discard(name)
+    return KernelSource("\n\n\n".join(kept) + "\n" if kept else "", defined, refused)
+
+
+def _defined_name(node: ast.stmt) -> str:
+    if isinstance(node, ast.FunctionDef):
+        return node.name
+    target = node.targets[0] if isinstance(node, ast.Assign) else node.target
+    return target.id
 
 
 # --------------------------------------------------------------------------------------
@@ -1552,21 +1815,27 @@ def grade_notebook(
         return finish()
 
     answer_errors: dict[str, str] = {}
+    kernel_checks = [s for s in steps if s.kind == "check" and kernel_check(s.code)]
+    notebook_checks = any(s.kind == "check" and s not in kernel_checks for s in steps)
     with sandbox.process_guard(limits.processes, limits.memory_together) as guard:
         try:
-            with KernelSession(limits, guard, isolation) as kernel:
-                for step in steps:
-                    if step.kind != "check":
-                        try:
-                            run = kernel.run(step.code)
-                        except CallTimeout as err:
-                            run = CellRun(error=f"the cell {err}; it was interrupted")
-                        if step.kind == "answer" and run.error:
-                            answer_errors[step.label] = run.error
-                        continue
-                    rows[step.label] = _check(
-                        kernel, step, run_check, answer_errors.get(step.label)
-                    )
+            # the notebook runs for its checks; the kernel lab's have a worker
+            if notebook_checks or not kernel_checks:
+                with KernelSession(limits, guard, isolation) as kernel:
+                    for step in steps:
+                        if step in kernel_checks:
+                            continue
+                        if step.kind != "check":
+                            try:
+                                run = kernel.run(step.code)
+                            except CallTimeout as err:
+                                run = CellRun(error=f"the cell {err}; it was interrupted")
+                            if step.kind == "answer" and run.error:
+                                answer_errors[step.label] = run.error
+                            continue
+                        rows[step.label] = _check(
+                            kernel, step, run_check, answer_errors.get(step.label)
+                        )
         except KernelGone as err:
             extra.append(_row(NOTEBOOK, 0, "error", str(err)))
         except Exception as err:  # the grader's own failure: say so, never abort
@@ -1575,7 +1844,86 @@ def grade_notebook(
                     NOTEBOOK, 0, "error", f"grading failed: {type(err).__name__}: {err}"
                 )
             )
+    if kernel_checks:
+        answers = [s.code for s in steps if s.kind == "answer"]
+        with sandbox.process_guard(limits.processes, limits.memory_together) as guard:
+            try:
+                rows.update(
+                    _grade_kernels(answers, kernel_checks, limits, guard, isolation)
+                )
+            except KernelGone as err:
+                extra.append(_row(NOTEBOOK, 0, "error", f"the kernels' worker: {err}"))
+            except Exception as err:
+                extra.append(
+                    _row(
+                        NOTEBOOK,
+                        0,
+                        "error",
+                        f"grading the kernels failed: {type(err).__name__}: {err}",
+                    )
+                )
     return finish()
+
+
+# What the grader runs in the kernels' worker before any check: the book's launchers,
+# then the submission's kernels, defined from the text kernel_source allowed.
+_WORKER_SETUP = """
+import functools
+from attnbook.kernels import lab
+globals().update(lab.define_kernels({source!r}))
+"""
+
+
+def _grade_kernels(answers, checks, limits, guard, isolation) -> dict[str, dict]:
+    """The rows of the kernel checks ``checks``: the answer cells' kernels, read by
+    :func:`kernel_source`, defined in a fresh kernel of their own (the worker) and
+    checked there through the book's launchers, each call from this process like any
+    other check's."""
+    from .exercises import run_check
+
+    rows: dict[str, dict] = {}
+    try:
+        source = kernel_source(answers)
+    except ImportError as err:
+        return {
+            s.label: _row(s.label, 0, "not run", f"{NOT_RUN}: {err}") for s in checks
+        }
+    wanted = []
+    for step in checks:
+        _, name = kernel_check(step.code)
+        if name in source.refused:
+            why = source.refused[name]
+            rows[step.label] = _row(
+                step.label,
+                0,
+                "failed",
+                f"your kernel {name} is not Triton code the grader can run: {why}"[:600],
+            )
+        elif name not in source.defined:
+            rows[step.label] = _row(
+                step.label,
+                0,
+                "not run",
+                f"{NOT_RUN}: your answer cells define no @triton.jit function named "
+                f"{name}",
+            )
+        else:
+            wanted.append(step)
+    if not wanted:
+        return rows
+    with KernelSession(limits, guard, isolation) as worker:
+        run = worker.run(_WORKER_SETUP.format(source=source.text))
+        for step in wanted:
+            if run.error:
+                rows[step.label] = _row(
+                    step.label,
+                    0,
+                    "failed",
+                    f"your kernels could not be defined: {run.error}",
+                )
+            else:
+                rows[step.label] = _check(worker, step, run_check, None)
+    return rows
 
 
 def _check(kernel: KernelSession, step: Step, run_check, answer_error) -> dict:

@@ -68,6 +68,7 @@ __all__ = [
     "attention_backward",
     "block_sparse_forward",
     "interpreting",
+    "define_kernels",
     "LoadRecord",
     "record_loads",
     "plot_loads",
@@ -868,6 +869,35 @@ def _two_pass_forward(Q, K, V, O, LSE, L, S, scale, stride_q, stride_k, stride_v
     tl.store(LSE + rows, tl.where(some, top + tl.log(total), float("-inf")),
              mask=rows < L)
 # fmt: on
+
+
+def define_kernels(source: str) -> dict[str, object]:
+    """The ``@triton.jit`` functions and constants that ``source`` defines, by name, as
+    the grader defines a submission's kernels in a worker of its own: ``source`` is
+    written to a file of its own and imported as a module whose only other names are
+    ``triton`` and ``tl`` (``triton.language``), so ``@triton.jit`` can read the
+    kernels' source, and nothing else the notebook defined is in their reach.
+
+    The grader hands over only what it read and allowed (``attnbook.grader``'s
+    ``kernel_source``): ``@triton.jit`` functions and constants, nothing that runs when
+    the module is imported."""
+    import importlib.util
+    import tempfile
+
+    if not isinstance(source, str):
+        raise TypeError(f"define_kernels: source must be a str, got {source!r:.40}")
+    folder = tempfile.mkdtemp(prefix="attnbook-kernels-")
+    path = os.path.join(folder, "submitted_kernels.py")
+    with open(path, "w") as f:
+        f.write("import triton\nimport triton.language as tl\n\n" + source)
+    spec = importlib.util.spec_from_file_location("submitted_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return {
+        name: value
+        for name, value in vars(module).items()
+        if not name.startswith("_") and name not in ("triton", "tl")
+    }
 
 
 # --------------------------------------------------------------------------------------
