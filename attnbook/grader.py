@@ -889,7 +889,8 @@ class _KernelReader(ast.NodeVisitor):
 
     def generic_visit(self, node: ast.AST) -> None:
         if not isinstance(node, _KERNEL_STATEMENTS + _KERNEL_EXPRESSIONS):
-            self.problem(node, f"{type(node).__name__} is not part of Triton's language")
+            what = type(node).__name__
+            self.problem(node, f"{what} is not part of Triton's language")
             return
         super().generic_visit(node)
 
@@ -902,7 +903,8 @@ class _KernelReader(ast.NodeVisitor):
     def visit_Attribute(self, node: ast.Attribute) -> None:
         name = node.attr
         if name.startswith("_") or name in _KERNEL_INTERNALS:
-            self.problem(node, f"the attribute .{name} is not part of Triton's language")
+            self.problem(node, f"the attribute .{name} is not part of Triton's "
+                         "language")  # fmt: skip
             return
         base = ast.unparse(node.value)
         if base == "triton":
@@ -937,7 +939,7 @@ class _KernelReader(ast.NodeVisitor):
 
 def kernel_source(answers: list[str]) -> KernelSource:
     """The ``@triton.jit`` functions and constants of the answer cells ``answers`` (in
-    the order they run) that :class:`_KernelReader` allows, as one source text; a
+    the order they run) that ``_KernelReader`` allows, as one source text; a
     function it refuses is named in ``refused`` with the first problems found, and any
     other code in the cells is left out: it ran, if at all, in the student's kernel."""
     nodes: list[ast.stmt] = []
@@ -953,7 +955,8 @@ def kernel_source(answers: list[str]) -> KernelSource:
             ):
                 nodes.append(node)
             elif isinstance(node, (ast.Assign, ast.AnnAssign)) and _literal(node.value):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                single = [node.target] if isinstance(node, ast.AnnAssign) else None
+                targets = single or node.targets
                 if len(targets) == 1 and isinstance(targets[0], ast.Name):
                     nodes.append(node)
     kept, defined = [], set()
@@ -1829,7 +1832,8 @@ def grade_notebook(
                             try:
                                 run = kernel.run(step.code)
                             except CallTimeout as err:
-                                run = CellRun(error=f"the cell {err}; it was interrupted")
+                                why = f"the cell {err}; it was interrupted"
+                                run = CellRun(error=why)
                             if step.kind == "answer" and run.error:
                                 answer_errors[step.label] = run.error
                             continue
@@ -1897,7 +1901,8 @@ def _grade_kernels(answers, checks, limits, guard, isolation) -> dict[str, dict]
                 step.label,
                 0,
                 "failed",
-                f"your kernel {name} is not Triton code the grader can run: {why}"[:600],
+                f"your kernel {name} is not Triton code the grader can run: "
+                f"{why}"[:600],
             )
         elif name not in source.defined:
             rows[step.label] = _row(
