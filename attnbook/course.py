@@ -916,14 +916,15 @@ def main(argv=None) -> int:
         "--notebook-timeout",
         type=float,
         default=limits.notebook_timeout,
-        help=f"seconds per notebook (default: {limits.notebook_timeout:g})",
+        help="seconds per notebook, and as many CPU seconds for all its processes "
+        f"together (default: {limits.notebook_timeout:g})",
     )
     grading.add_argument(
         "--memory",
         type=float,
         default=limits.memory / sandbox.GIB,
-        help="GiB of memory per kernel process (default: "
-        f"{limits.memory / sandbox.GIB:g})",
+        help="GiB of memory per process of a submission, and for all of them "
+        f"together (default: {limits.memory / sandbox.GIB:g})",
     )
     grading.add_argument(
         "--output-limit",
