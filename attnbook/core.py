@@ -36,6 +36,7 @@ from .contract import (
     check_sizes,
     grouped_kv,
 )
+from .masks import causal, dense, padding
 
 __all__ = [
     "causal_mask",
@@ -64,13 +65,12 @@ def causal_mask(
 
     Aligned bottom-right: ``mask[i, j] = j <= i + (S - L)``. With ``S == L`` this is the
     usual lower triangle; with ``S > L`` (new queries appended after a cache of ``S -
-    L`` keys) the last query sees every key.
+    L`` keys) the last query sees every key. The dense form of the predicate
+    :func:`attnbook.masks.causal`.
     """
     L = check_int("causal_mask", "L", L, minimum=0)
     S = L if S is None else check_int("causal_mask", "S", S, minimum=0)
-    i = torch.arange(L, device=device)[:, None]
-    j = torch.arange(S, device=device)[None, :]
-    return j <= i + (S - L)
+    return dense(causal(L, S), L, S, device=device)[0, 0]
 
 
 def _check_padding_mask(lengths, max_len) -> tuple[torch.Tensor, int]:
@@ -94,10 +94,11 @@ def padding_mask(
     ``lengths[b]`` positions.
 
     For attention, broadcast it over heads and queries: ``padding_mask(lengths)[:, None,
-    None, :]``.
+    None, :]``. The dense form of the predicate :func:`attnbook.masks.padding`.
     """
     lengths, max_len = _check_padding_mask(lengths, max_len)
-    return torch.arange(max_len, device=lengths.device)[None, :] < lengths[:, None]
+    B = len(lengths)
+    return dense(padding(lengths), 1, max_len, B=B, device=lengths.device)[:, 0, 0]
 
 
 # --------------------------------------------------------------------------------------

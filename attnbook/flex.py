@@ -10,7 +10,9 @@ variant as two small functions of the indices of one score:
 * a ``score_mod(score, b, h, q_idx, kv_idx) -> score`` applied to the scaled score
   ``q . k * scale`` before the softmax.
 
-Each function below returns the mod of one mask or bias the book defines, equal to
+Each mask mod below is the predicate of :mod:`attnbook.masks`, where every pattern is
+written once (the dense masks of :mod:`attnbook.core` and :mod:`attnbook.sparse` are
+derived from the same predicates); each mod of a mask or bias the book defines equals
 attnbook's dense result (``tests/test_flex.py`` checks every one, densely and through
 ``flex_attention``): the bottom-right causal mask of :func:`attnbook.core.causal_mask`;
 the sliding, dilated and global patterns of Longformer (Beltagy et al., 2020) from
@@ -41,7 +43,7 @@ import numbers
 from collections.abc import Callable
 
 import torch
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask, or_masks
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from .contract import (
     check_flag,
@@ -52,6 +54,7 @@ from .contract import (
     default_scale,
     grouped_kv,
 )
+from . import masks
 from .core import masked_softmax
 from .positional import T5RelativeBias, alibi_slopes, t5_relative_position_bucket
 
@@ -107,24 +110,19 @@ def causal_mask_mod(L: int, S: int | None = None) -> Callable:
     With ``S > L`` (new queries after a cache of ``S - L`` keys) the last query sees
     every key; with ``S < L`` the first ``L - S`` queries see nothing (zeros).
     """
-    L, S = _lengths("causal_mask_mod", L, S)
-    shift = S - L
-
-    def causal(b, h, q_idx, kv_idx):
-        return kv_idx <= q_idx + shift
-
-    return causal
+    return masks.causal(*_lengths("causal_mask_mod", L, S))
 
 
-def _check_sliding_window(window, is_causal, dilation, L, S) -> int:
-    """The checks of :func:`sliding_window_mask_mod`; returns the shift ``S - L``."""
+def _check_sliding_window(window, is_causal, dilation, L, S) -> None:
+    """The checks of :func:`sliding_window_mask_mod`."""
     fn = "sliding_window_mask_mod"
     check_int(fn, "window", window, 0)
     check_int(fn, "dilation", dilation, 1)
     check_flag(fn, "is_causal", is_causal)
     if (L is None) != (S is None):
         raise ValueError(f"{fn}: give both L and S or neither, got L={L!r}, S={S!r}")
-    return 0 if L is None else _lengths(fn, L, S)[1] - L
+    if L is not None:
+        _lengths(fn, L, S)
 
 
 def sliding_window_mask_mod(
@@ -142,19 +140,10 @@ def sliding_window_mask_mod(
     ``window`` neighbours on each side spaced ``dilation`` apart (Longformer's dilated
     window when ``dilation > 1``). Give ``L`` and ``S`` (both) for ``L != S``.
     """
-    shift = _check_sliding_window(window, is_causal, dilation, L, S)
-    reach = window * dilation
-
-    def sliding_window(b, h, q_idx, kv_idx):
-        offset = q_idx + shift - kv_idx  # i - j
-        keep = (offset <= reach) & (offset >= -reach)
-        if dilation > 1:
-            keep = keep & (offset % dilation == 0)
-        if is_causal:
-            keep = keep & (offset >= 0)
-        return keep
-
-    return sliding_window
+    _check_sliding_window(window, is_causal, dilation, L, S)
+    return masks.sliding_window(
+        window, is_causal=is_causal, dilation=dilation, L=L, S=S
+    )
 
 
 def window_size_mask_mod(
@@ -164,27 +153,17 @@ def window_size_mask_mod(
     ``[i + S - L - left, i + S - L + right]``; ``-1`` leaves that side unbounded.
 
     ``(-1, -1)`` is full attention, ``(-1, 0)`` the bottom-right causal mask and ``(w,
-    w)`` :func:`sliding_window_mask_mod` with ``window=w``.
+    w)`` :func:`sliding_window_mask_mod` with ``window=w``. The predicate
+    :func:`attnbook.masks.band`.
     """
     fn = "window_size_mask_mod"
     if not isinstance(window_size, (tuple, list)) or len(window_size) != 2:
         raise TypeError(
             f"{fn}: window_size must be a pair (left, right), got {window_size!r}"
         )
-    left, right = (check_int(fn, "window_size", side, -1) for side in window_size)
-    L, S = _lengths(fn, L, S)
-    shift = S - L
-
-    def window(b, h, q_idx, kv_idx):
-        offset = q_idx + shift - kv_idx  # i + S - L - j
-        keep = torch.ones_like(offset, dtype=torch.bool)  # (-1, -1): everything
-        if left >= 0:
-            keep = keep & (offset <= left)
-        if right >= 0:
-            keep = keep & (offset >= -right)
-        return keep
-
-    return window
+    for side in window_size:
+        check_int(fn, "window_size", side, -1)
+    return masks.band(tuple(window_size), *_lengths(fn, L, S))
 
 
 def global_mask_mod(seq_len: int, global_idx, *, device=None) -> Callable:
@@ -196,14 +175,7 @@ def global_mask_mod(seq_len: int, global_idx, *, device=None) -> Callable:
     fn = "global_mask_mod"
     seq_len = check_int(fn, "seq_len", seq_len, 1)
     idx = check_indices(fn, "global_idx", global_idx, size=seq_len)
-    is_global = torch.zeros(seq_len, dtype=torch.bool)
-    is_global[idx] = True
-    is_global = is_global.to(device)
-
-    def global_tokens(b, h, q_idx, kv_idx):
-        return is_global[q_idx] | is_global[kv_idx]
-
-    return global_tokens
+    return masks.global_tokens(seq_len, idx, device=device)
 
 
 def _check_longformer(seq_len, window, global_idx, dilation) -> None:
@@ -218,12 +190,9 @@ def longformer_mask_mod(
     seq_len: int, window: int, global_idx, dilation: int = 1, *, device=None
 ) -> Callable:
     """:func:`attnbook.sparse.longformer_mask` as a mask_mod: the (dilated) sliding
-    window OR the global tokens, combined with FlexAttention's ``or_masks``."""
+    window OR the global tokens (:func:`attnbook.masks.longformer`)."""
     _check_longformer(seq_len, window, global_idx, dilation)
-    return or_masks(
-        sliding_window_mask_mod(window, dilation=dilation),
-        global_mask_mod(seq_len, global_idx, device=device),
-    )
+    return masks.longformer(seq_len, window, global_idx, dilation, device=device)
 
 
 def _check_block_mask(fn: str, block_mask) -> None:
@@ -251,12 +220,7 @@ def block_mask_mod(block_mask: torch.Tensor, block_size: int) -> Callable:
     """
     fn = "block_mask_mod"
     _check_block_mask(fn, block_mask)
-    block_size = check_int(fn, "block_size", block_size, 1)
-
-    def blocks(b, h, q_idx, kv_idx):
-        return block_mask[q_idx // block_size, kv_idx // block_size]
-
-    return blocks
+    return masks.blocks(block_mask, check_int(fn, "block_size", block_size, 1))
 
 
 def flex_block_mask(
@@ -330,19 +294,6 @@ def document_ids(cu_seqlens) -> torch.Tensor:
     return docs.repeat_interleave(lengths.long())
 
 
-def _from_end(ids: torch.Tensor) -> torch.Tensor:
-    """Each token's position counted from the end of its document: ``-1`` for the
-    last token, ``-2`` for the one before, ..."""
-    n = ids.numel()
-    pos = torch.arange(n, device=ids.device)
-    new = torch.ones(n, dtype=torch.bool, device=ids.device)
-    if n:
-        new[:-1] = ids[1:] != ids[:-1]  # last token of its document
-    ends = torch.where(new, pos + 1, n)  # one past each document's last token
-    ends = ends.flip(0).cummin(0).values.flip(0)  # nearest end at or after t
-    return pos - ends
-
-
 def document_mask(
     doc_ids: torch.Tensor,
     *,
@@ -358,7 +309,8 @@ def document_mask(
     document, aligned bottom-right per document as FlashAttention-2 aligns it: a
     document with ``L_d`` queries and ``S_d`` keys lets its query ``i`` see its key
     ``j <= i + S_d - L_d``, i.e. key ``kv_idx`` when its distance from the document's
-    end is at least the query's. With one id list this is ``kv_idx <= q_idx``.
+    end is at least the query's. With one id list this is ``kv_idx <= q_idx``. The
+    predicate :func:`attnbook.masks.document`.
     """
     fn = "document_mask"
     is_causal = check_flag(fn, "is_causal", is_causal)
@@ -376,19 +328,7 @@ def document_mask(
             f"{fn}: doc_ids and kv_doc_ids must be on one device, got {q_ids.device}"
             f" and {kv_ids.device}"
         )
-    if not is_causal:
-
-        def same_document(b, h, q_idx, kv_idx):
-            return q_ids[q_idx] == kv_ids[kv_idx]
-
-        return same_document
-    q_end, kv_end = _from_end(q_ids), _from_end(kv_ids)
-
-    def causal_document(b, h, q_idx, kv_idx):
-        same = q_ids[q_idx] == kv_ids[kv_idx]
-        return same & (kv_end[kv_idx] <= q_end[q_idx])
-
-    return causal_document
+    return masks.document(q_ids, kv_ids, is_causal=is_causal)
 
 
 # --------------------------------------------------------------------------------------

@@ -8,13 +8,15 @@ al. (2018), turned into one learned scalar per label and head as in Raffel et al
 Kaiser & Levskaya (2020) for Reformer's locality-sensitive hashing.
 
 A sparse pattern is a boolean mask ``(L, S)`` with True = "may attend" (the convention
-of ``attnbook.core``). Dense attention with that mask costs ``O(L S)`` whatever the mask
-says; the point of this module is :func:`block_sparse_attention` and
-:func:`sliding_window_attention`, which only compute the allowed entries and so cost
-``O(n (w + g + r))`` for BigBird's window ``w``, global ``g`` and random ``r`` keys per
-query. Block masks ``(n_q_blocks, n_k_blocks)`` mark which ``block_size x block_size``
-tiles are computed; :func:`expand_block_mask` turns one into the equivalent token mask,
-and the FlashAttention chapter's Triton kernel reads the same block masks.
+of ``attnbook.core``); each token-level pattern is the dense form of one predicate of
+:mod:`attnbook.masks`, where the FlexAttention mods and the tile ranges come from too.
+Dense attention with that mask costs ``O(L S)`` whatever the mask says; the point of
+this module is :func:`block_sparse_attention` and :func:`sliding_window_attention`,
+which only compute the allowed entries and so cost ``O(n (w + g + r))`` for BigBird's
+window ``w``, global ``g`` and random ``r`` keys per query. Block masks ``(n_q_blocks,
+n_k_blocks)`` mark which ``block_size x block_size`` tiles are computed;
+:func:`expand_block_mask` turns one into the equivalent token mask, and the
+FlashAttention chapter's Triton kernel reads the same block masks.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ from .contract import (
     grouped_kv,
 )
 from .core import masked_softmax
-from .flash import merge_partials
+from .masks import dense, global_tokens, longformer, sliding_window
+from .primitives import merge_partials
 
 __all__ = [
     "sliding_window_mask",
@@ -67,20 +70,31 @@ def _check_window(fn: str, seq_len, window, is_causal, dilation=1) -> None:
 
 
 def sliding_window_mask(
-    seq_len: int, window: int, *, is_causal: bool = False, dilation: int = 1
+    seq_len: int,
+    window: int,
+    *,
+    is_causal: bool = False,
+    dilation: int = 1,
+    S: int | None = None,
 ) -> torch.Tensor:
-    """Local (sliding-window) attention: ``mask[i, j] = |i - j| <= window * dilation``
-    and ``(i - j) % dilation == 0``.
+    """Local (sliding-window) attention: ``mask[i, j] = |t| <= window * dilation`` and
+    ``t % dilation == 0`` for the offset ``t = i + S - L - j`` (``t = i - j`` when
+    ``S = L``).
 
     Each query sees ``window`` neighbours on each side (``2 window + 1`` keys including
     itself), spaced ``dilation`` apart, so the receptive field grows to ``window *
     dilation`` at the same cost (Longformer's dilated windows). With ``is_causal`` only
-    the left half is kept (``j <= i``). Shape ``(seq_len, seq_len)``.
+    the left half is kept (``t >= 0``). Shape ``(seq_len, S)``: ``L = seq_len``
+    queries and ``S`` keys (default ``seq_len``), aligned bottom-right when ``S !=
+    L`` like the causal mask. The dense form of :func:`attnbook.masks.sliding_window`.
     """
     _check_window("sliding_window_mask", seq_len, window, is_causal, dilation)
-    offset = torch.arange(seq_len)[:, None] - torch.arange(seq_len)[None, :]  # i - j
-    mask = (offset.abs() <= window * dilation) & (offset % dilation == 0)
-    return mask & (offset >= 0) if is_causal else mask
+    L = seq_len
+    if S is None:
+        S = L
+    check_sizes("sliding_window_mask", S=S)
+    pattern = sliding_window(window, is_causal=is_causal, dilation=dilation, L=L, S=S)
+    return dense(pattern, L, S)[0, 0]
 
 
 def global_mask(seq_len: int, global_idx) -> torch.Tensor:
@@ -88,13 +102,12 @@ def global_mask(seq_len: int, global_idx) -> torch.Tensor:
     and are attended by all.
 
     ``global_idx`` is a list or 1-D integer tensor of positions (a bool mask is refused:
-    pass ``mask.nonzero().flatten()``). Shape ``(seq_len, seq_len)``.
+    pass ``mask.nonzero().flatten()``). Shape ``(seq_len, seq_len)``: the dense form of
+    :func:`attnbook.masks.global_tokens`.
     """
     check_sizes("global_mask", seq_len=seq_len)
     idx = check_indices("global_mask", "global_idx", global_idx, size=seq_len)
-    is_global = torch.zeros(seq_len, dtype=torch.bool)
-    is_global[idx] = True
-    return is_global[:, None] | is_global[None, :]
+    return dense(global_tokens(seq_len, idx), seq_len, seq_len)[0, 0]
 
 
 def _check_random_mask(seq_len, n_random) -> None:
@@ -126,12 +139,10 @@ def longformer_mask(
     seq_len: int, window: int, global_idx, dilation: int = 1
 ) -> torch.Tensor:
     """Longformer: a (dilated) sliding window plus global tokens. Shape ``(seq_len,
-    seq_len)``."""
+    seq_len)``: the dense form of :func:`attnbook.masks.longformer`."""
     _check_window("longformer_mask", seq_len, window, False, dilation)
-    check_indices("longformer_mask", "global_idx", global_idx, size=seq_len)
-    return sliding_window_mask(seq_len, window, dilation=dilation) | global_mask(
-        seq_len, global_idx
-    )
+    idx = check_indices("longformer_mask", "global_idx", global_idx, size=seq_len)
+    return dense(longformer(seq_len, window, idx, dilation), seq_len, seq_len)[0, 0]
 
 
 # --------------------------------------------------------------------------------------
@@ -392,10 +403,10 @@ def block_sparse_attention(
     row needs no mask inside its tiles (no tile crosses the causal diagonal or holds
     the ragged last key block), so PyTorch's fused kernel can attend to its keys as
     they are, in pieces whose results are joined by their log-sum-exp
-    (:func:`attnbook.flash.merge_partials`): rows that see every block (BigBird's global
-    rows) over splits of the whole of ``k, v`` (``_full_rows``); for the other plain
-    rows, the key blocks all of them keep (global columns) in one long call, a band of
-    block diagonals (the window) as overlapping views of ``k, v``, and the rest
+    (:func:`attnbook.primitives.merge_partials`): rows that see every block (BigBird's
+    global rows) over splits of the whole of ``k, v`` (``_full_rows``); for the other
+    plain rows, the key blocks all of them keep (global columns) in one long call, a
+    band of block diagonals (the window) as overlapping views of ``k, v``, and the rest
     (random blocks) gathered, rows with the same number of them together
     (``_partial_rows``). Each kept tile is computed once. The rows that need a mask
     are padded to a common width with a validity flag and attended with a token mask
