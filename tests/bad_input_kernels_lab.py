@@ -63,6 +63,7 @@ ROWS = [
         ("plot_loads", "names")),
     Bad("plot_loads", "empty", lambda: lab.plot_loads(lab.LoadRecord({"K": _Q}), names=("K",)),
         ("plot_loads", "record")),
+    Bad("define_kernels", "wrong-type", lambda: lab.define_kernels(b"x = 1"), ("define_kernels", "source")),
     Bad("compile_report", "wrong-type", lambda: lab.compile_report(print, {}), ("compile_report", "kernel")),
     Bad("compile_report", "wrong-type", lambda: lab.compile_report(_kernel(), [1]), ("compile_report", "constexprs")),
     Bad("compile_report", "out-of-range", lambda: lab.compile_report(_kernel(), {}, targets=(70,)),
