@@ -50,7 +50,8 @@ from .contract import (
     check_sizes,
     expand_kv_heads,
 )
-from .flash import merge_partials
+from .primitives import merge_partials
+from .layers import HeadShell, split_heads
 from .positional import transformer_xl_relative_embeddings, transformer_xl_scores
 
 __all__ = [
@@ -267,7 +268,14 @@ class KVCache:
     every layer holds: inside one forward pass, layer ``l`` reads the same ``length``
     before its own update, which is the position offset of the new tokens. Writing past
     ``max_len`` raises :class:`CacheFullError`.
+
+    It answers :class:`attnbook.caches.AttentionCache` with ``kernel = "split_kv"``:
+    every row holds the same contiguous prefix, which a one-token step may read with
+    the split-KV decoding kernel; ``truncate(length)`` rolls every layer back.
     """
+
+    kernel = "split_kv"
+    positions_in_cache = False
 
     def __init__(
         self,
@@ -311,6 +319,30 @@ class KVCache:
     def reset(self) -> None:
         """Forget every position (the buffers stay allocated)."""
         self.lengths = [0] * len(self.lengths)
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions of every layer: positions are appended
+        in order, so this only sets ``lengths`` (the stale entries behind are
+        overwritten by the next update)."""
+        _check_truncate(f"{type(self).__name__}.truncate", self, length)
+        self.lengths = [length] * len(self.lengths)
+
+
+def _check_truncate(fn: str, cache, length) -> None:
+    """``length`` an integer in ``[0, cache.length]``."""
+    if check_int(fn, "length", length, 0) > cache.length:
+        raise ValueError(
+            f"{fn}: length must be in [0, cache.length={cache.length}], got {length}"
+        )
+
+
+def _refuse_truncate(cache) -> None:
+    """A cache that overwrites old positions has nothing to roll back to."""
+    raise TypeError(
+        f"{type(cache).__name__}.truncate: a {type(cache).__name__} overwrites or "
+        "compresses old positions, so it cannot roll back (caches that append can: "
+        "KVCache, StaticKVCache, PagedKVCache, LatentKVCache)"
+    )
 
 
 def _check_seek(cache, start, count, fn="StaticKVCache.seek") -> None:
@@ -370,7 +402,14 @@ class StaticKVCache:
     and CUDA graphs replay it. ``advance()`` moves the slots past the ones just written.
     ``length`` is the first of the current slots (host side, never read by a step).
     Writing past ``max_len`` raises :class:`CacheFullError` at ``seek`` or ``advance``.
+
+    It answers :class:`attnbook.caches.AttentionCache` with ``kernel = "masked"``:
+    attention reads the whole buffer under the caller's mask; ``truncate(length)``
+    points the next update back at slot ``length``.
     """
+
+    kernel = "masked"
+    positions_in_cache = False
 
     def __init__(
         self,
@@ -435,6 +474,12 @@ class StaticKVCache:
         own = keys == self.slots[:, None]
         return (earlier & (real[:, None, :] | own))[:, None]
 
+    def truncate(self, length: int) -> None:
+        """Make slots ``length ..`` the next ones written (as many as before): the
+        slots behind are overwritten."""
+        _check_truncate("StaticKVCache.truncate", self, length)
+        self.seek(length, self.slots.numel())
+
 
 class SlidingWindowKVCache(KVCache):
     """A ring buffer of the last ``window`` positions per layer (Mistral's rolling
@@ -446,7 +491,12 @@ class SlidingWindowKVCache(KVCache):
     retained positions followed by the ``T`` new ones (a query at position ``p`` must
     still mask keys before ``p - window + 1`` itself). It then keeps the last ``window``
     of them. ``length`` counts every position ever appended; nothing overflows.
+
+    Its ``kernel`` is ``"causal"`` (the returned keys are the window, not a prefix of
+    the text); it cannot roll back (``truncate`` raises ``TypeError``).
     """
+
+    kernel = "causal"
 
     def __init__(
         self,
@@ -491,6 +541,10 @@ class SlidingWindowKVCache(KVCache):
         self.v[layer][:, :, slots] = v_new[..., T - keep :, :]
         self.lengths[layer] = n + T
         return k_all, v_all
+
+    def truncate(self, length: int) -> None:
+        """Refused: the ring buffer has overwritten the positions it would need."""
+        _refuse_truncate(self)
 
 
 # --------------------------------------------------------------------------------------
@@ -603,7 +657,7 @@ class SegmentMemory:
             self.compressed[layer] = both[..., -self.compressed_len :, :]
 
 
-class RelativeSegmentAttention(nn.Module):
+class RelativeSegmentAttention(HeadShell, nn.Module):
     r"""One Transformer-XL attention layer (Dai et al., 2019): the ``L`` queries of the
     current segment attend to the memory and the segment, with relative scores.
 
@@ -619,7 +673,8 @@ class RelativeSegmentAttention(nn.Module):
 
     divided by ``sqrt(head_dim)``, causal (future keys get ``-inf``). Returns ``W_o``
     applied to the heads' outputs, ``(B, L, d_model)``. Keys carry no position, so a
-    memory state means the same thing in every segment.
+    memory state means the same thing in every segment. The projections and heads are
+    the shell every attention layer shares (:class:`attnbook.layers.HeadShell`).
     """
 
     def __init__(self, d_model: int, n_heads: int):
@@ -631,6 +686,7 @@ class RelativeSegmentAttention(nn.Module):
                 f"n_heads={n_heads}"
             )
         self.n_heads, self.head_dim = n_heads, d_model // n_heads
+        self.n_kv_heads = n_heads
         self.q_proj, self.k_proj, self.v_proj, self.r_proj = (
             nn.Linear(d_model, d_model, bias=False) for _ in range(4)
         )
@@ -640,17 +696,14 @@ class RelativeSegmentAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, memory: torch.Tensor | None = None):
         self._check_forward(x, memory)
-        B, L, D = x.shape
         c = x if memory is None else torch.cat((memory.detach().to(x), x), dim=-2)
-        S, H, d = c.shape[1], self.n_heads, self.head_dim
-        q = self.q_proj(x).view(B, L, H, d).transpose(1, 2)
-        k = self.k_proj(c).view(B, S, H, d).transpose(1, 2)
-        val = self.v_proj(c).view(B, S, H, d).transpose(1, 2)
+        S, D = c.shape[1], x.shape[-1]
+        q, k, val = self.project(x, c)  # (B, H, L or S, d)
         r = self.r_proj(transformer_xl_relative_embeddings(S, D).to(x))
-        r = r.view(S, H, d).transpose(0, 1)  # (H, S, d): r[:, delta]
-        scores = transformer_xl_scores(q, k, r, self.u, self.v) / math.sqrt(d)
-        out = torch.softmax(scores, dim=-1) @ val  # (B, H, L, d)
-        return self.out_proj(out.transpose(1, 2).reshape(B, L, D))
+        r = split_heads(r[None], self.n_heads)[0]  # (H, S, d): r[:, delta]
+        scores = transformer_xl_scores(q, k, r, self.u, self.v)
+        out = torch.softmax(scores / math.sqrt(self.head_dim), dim=-1) @ val
+        return self.merge(out)  # (B, L, d_model)
 
     def _check_forward(self, x, memory) -> None:
         fn, D = "RelativeSegmentAttention.forward", self.n_heads * self.head_dim
@@ -721,7 +774,20 @@ class PagedKVCache:
     % block_size``. Blocks are taken from the free list only when the last one is full,
     so a sequence wastes at most ``block_size - 1`` slots, all in its last block,
     instead of the ``max_len - length`` a contiguous reservation wastes.
+
+    It answers :class:`attnbook.caches.AttentionCache` for a batch of sequences:
+    ``select(seq_ids)`` names them, in batch order; ``update(0, k_new, v_new)``
+    (``(batch, n_kv_heads, T, head_dim)``, one row per selected sequence) appends to
+    each and returns their keys and values padded to the longest, ``(batch,
+    n_kv_heads, S_max, head_dim)``, row ``b`` valid for its first
+    :meth:`seqlens` ``[b]`` positions (``kernel = "split_kv"``: the split-KV decoding
+    kernel reads them with those lengths); ``length`` is the shortest selected
+    sequence's; ``truncate(length)`` rolls every selected sequence back, returning
+    the blocks it no longer needs.
     """
+
+    kernel = "split_kv"
+    positions_in_cache = False
 
     def __init__(
         self,
@@ -742,6 +808,7 @@ class PagedKVCache:
         self.free_blocks = list(range(n_blocks))
         self.block_tables: dict[object, list[int]] = {}
         self.lengths: dict[object, int] = {}
+        self.selected: list = []
 
     def allocate(self, seq_id) -> None:
         """Start an empty sequence (no block is taken until the first append)."""
@@ -800,6 +867,76 @@ class PagedKVCache:
             for s, t in self.block_tables.items()
         )
 
+    def select(self, seq_ids) -> None:
+        """The allocated, distinct sequences the next :meth:`update` appends to, in
+        batch order."""
+        seq_ids = list(seq_ids)
+        for seq_id in seq_ids:
+            self._table(seq_id, "PagedKVCache.select")
+        if len(set(seq_ids)) != len(seq_ids):
+            raise ValueError(
+                f"PagedKVCache.select: seq_ids must be distinct, got {seq_ids}"
+            )
+        self.selected = seq_ids
+
+    @property
+    def length(self) -> int:
+        """Positions the shortest selected sequence holds (0 when none is)."""
+        return min((self.lengths[s] for s in self.selected), default=0)
+
+    def seqlens(self) -> torch.Tensor:
+        """``(batch,)`` int64: the positions each selected sequence holds."""
+        return torch.tensor([self.lengths[s] for s in self.selected], dtype=torch.long)
+
+    def update(
+        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append row ``b`` of ``k_new``, ``v_new`` ``(batch, n_kv_heads, T,
+        head_dim)`` to the ``b``-th selected sequence; return every selected
+        sequence's keys and values padded with zeros to the longest, ``(batch,
+        n_kv_heads, S_max, head_dim)`` (row ``b`` valid up to :meth:`seqlens`).
+        ``layer`` must be 0: a pool holds one layer. When the pool cannot take the
+        blocks, :class:`CacheFullError` is raised before anything is written."""
+        fn = "PagedKVCache.update"
+        _check_layer(fn, layer, 1)
+        leading = (len(self.selected), self.k_pool.shape[1])
+        check_float(fn, "k_new", k_new)
+        check_float(fn, "v_new", v_new)
+        check_cache_update(
+            fn, k_new, v_new, leading, self.k_pool.shape[-1], names=("k_new", "v_new")
+        )
+        T = k_new.shape[-2]
+        needed = sum(
+            -(-(self.lengths[s] + T) // self.block_size) - len(self.block_tables[s])
+            for s in self.selected
+        )
+        if needed > len(self.free_blocks):
+            raise CacheFullError(
+                f"{fn}: the selected sequences need {needed} more blocks, only "
+                f"{len(self.free_blocks)} are free"
+            )
+        for b, seq_id in enumerate(self.selected):
+            self.append(seq_id, k_new[b], v_new[b])
+        lengths = self.seqlens()
+        S = int(lengths.max()) if len(lengths) else 0
+        shape = (len(self.selected), self.k_pool.shape[1], S, self.k_pool.shape[-1])
+        k_pad, v_pad = self.k_pool.new_zeros(shape), self.v_pool.new_zeros(shape)
+        for b, seq_id in enumerate(self.selected):
+            n = self.lengths[seq_id]
+            k_pad[b, :, :n], v_pad[b, :, :n] = self.gather(seq_id)
+        return k_pad, v_pad
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions of every selected sequence; the blocks
+        past them go back to the free list."""
+        _check_truncate("PagedKVCache.truncate", self, length)
+        for seq_id in self.selected:
+            table = self.block_tables[seq_id]
+            keep = -(-length // self.block_size)
+            self.free_blocks.extend(table[keep:])
+            del table[keep:]
+            self.lengths[seq_id] = length
+
 
 # --------------------------------------------------------------------------------------
 # Split-KV decoding (flash-decoding)
@@ -845,7 +982,7 @@ def split_kv_attention(
         cache_seqlens: ``(batch,)`` integers, the valid length of each sequence's cache.
 
     Returns ``(batch, heads, 1, Ev)``; a sequence with length 0 gets zeros. Splits run
-    in fp32 and merge with :func:`attnbook.flash.merge_partials`.
+    in fp32 and merge with :func:`attnbook.primitives.merge_partials`.
     """
     _check_split_kv(
         "split_kv_attention", q, k_cache, v_cache, cache_seqlens, num_splits, scale

@@ -33,26 +33,22 @@ where a key is padding; ``attn_mask`` is bool (True = may attend) or additive an
 have the four dimensions of the scores ``(B, n_heads, T, S)`` (each may be 1), so a
 padding mask is never mistaken for a ``(T, S)`` one.
 
-``TinyGPT.generate`` decodes greedily or by sampling, with or without a KV cache, for
-prompts of one length or left-padded ones of different lengths. Its cached path is the
-decode hot path (the idea of gpt-fast): a :class:`attnbook.kvcache.StaticKVCache`, the
-output tokens, the positions and the mask are allocated once and written in place, so
-every one-token step has the same shapes and ``compile=True`` can run it through
-``torch.compile`` (and CUDA graphs on a GPU). MLA decodes with its latent cache through
-the general forward pass. With a :class:`attnbook.kvcache.KVCache` every forward pass
-feeds only the new tokens: their positions start at ``cache.length``, RoPE rotates the
-new keys before they are stored, and the t5/alibi biases are rebuilt for ``(new
-queries, all keys)`` from positions. On CUDA a one-token step without a bias runs the
+``TinyGPT.generate`` decodes greedily or by sampling, with or without a KV cache:
+:mod:`attnbook.generation` (the static cache, ``torch.compile``, CUDA graphs). Any
+cache of the one protocol (:class:`attnbook.caches.AttentionCache`) can be passed to the
+forward pass, which feeds only the new tokens: their positions start at
+``cache.length``, RoPE rotates the new keys before they are stored (unless the cache
+numbers positions by slot), and the t5/alibi biases are rebuilt for ``(new queries, all
+keys)`` from positions. The attention layer asks the cache how to read what it returns
+(its ``kernel``); on CUDA a one-token step against a contiguous prefix
+(``kernel="split_kv"``, a :class:`attnbook.kvcache.KVCache`) without a bias runs the
 split-KV Triton kernel (:mod:`attnbook.kernels.decode`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import math
 import numbers
-import weakref
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
@@ -60,15 +56,18 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from ._random import multinomial, uniform
+from ._random import uniform
 from .serving import LatentKVCache, MultiHeadLatentAttention
 from .contract import check_sizes as _check_sizes
 from .contract import check_key_padding_mask
 from .contract import check_flag, check_float, check_int
 from .core import MultiHeadAttention, scaled_dot_product_attention
 from .data import BOS, EOS, PAD
+from .generation import generate, generating
 from .kernels import plan_for
 from .kvcache import KVCache, StaticKVCache, decode_attention
+from .caches import AttentionCache
+from .layers import HeadShell, RMSNorm
 from .positional import (
     LearnedPositionalEmbedding,
     RotaryEmbedding,
@@ -184,58 +183,6 @@ def _check_4d_mask(fn: str, name: str, mask, scores: tuple[int, ...]) -> None:
             f"{T}, {S}); got {tuple(mask.shape)}. A (batch, S) padding mask goes in "
             "key_padding_mask= (bool, True = padding)"
         )
-
-
-_FUSED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-@contextlib.contextmanager
-def _fused_projections(model: nn.Module):
-    """For one generation: each :class:`Attention`'s query, key and value projections
-    stacked into one matrix, so a step runs one matrix-vector product per layer
-    instead of three (fewer launches, one longer read). Built from the parameters at
-    the start of the call and removed at its end: the parameters stay the truth."""
-    layers = [m for m in model.modules() if isinstance(m, Attention)]
-    for attn in layers:
-        projections = (attn.q_proj, attn.k_proj, attn.v_proj)
-        weight = torch.cat([p.weight for p in projections])
-        biases = [p.bias for p in projections]
-        bias = None if biases[0] is None else torch.cat(biases)
-        held = _FUSED.get(attn)  # the same tensors every call: a compiled step's input
-        if (
-            held is None
-            or held[0].shape != weight.shape
-            or held[0].dtype != weight.dtype
-            or held[0].device != weight.device  # moved since the last call
-        ):
-            held = _FUSED[attn] = (weight, bias)
-        else:
-            held[0].copy_(weight)
-            if bias is not None:
-                held[1].copy_(bias)
-        attn._qkv = held
-    try:
-        yield
-    finally:
-        for attn in layers:
-            del attn._qkv
-
-
-@contextlib.contextmanager
-def _generating(model: nn.Module):
-    """For one ``generate`` call: every submodule in eval mode (no dropout, so cached
-    and uncached decoding agree), and no vocabulary check on the tokens the model
-    writes itself. Each submodule's mode is restored afterwards."""
-    modes = [(module, module.training) for module in model.modules()]
-    trusted = model.__dict__.get("_ids_trusted", False)
-    model.eval()
-    model._ids_trusted = True
-    try:
-        yield
-    finally:
-        model._ids_trusted = trusted
-        for module, mode in modes:
-            module.training = mode
 
 
 @dataclass
@@ -382,10 +329,12 @@ class TransformerConfig:
             )
 
 
-class Attention(MultiHeadAttention):
+class Attention(HeadShell, MultiHeadAttention):
     """:class:`attnbook.core.MultiHeadAttention` (the same projections, the same
     grouped-query layout) as a decoder or encoder layer needs it: self-attention with an
-    optional rotary embedding, an optional additive bias, a KV cache and head masks."""
+    optional rotary embedding, an optional additive bias, a KV cache and head masks.
+    Its shell (:class:`attnbook.layers.HeadShell`) projects and merges the heads; what
+    lies between is asked of the cache (:class:`attnbook.caches.AttentionCache`)."""
 
     _qkv = None  # (weight, bias) of q, k, v stacked, set by generate for its call
 
@@ -402,11 +351,25 @@ class Attention(MultiHeadAttention):
             else None
         )
 
+    def project(
+        self, x: torch.Tensor, context: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The shell's projection, or during ``generate`` the fused one: the three
+        matrices stacked (``attnbook.generation._fused_projections``), one product
+        instead of three."""
+        if self._qkv is None or context is not None:
+            return super().project(x, context)
+        # (B, T, heads + 2 kv_heads, head_dim) -> heads first, then split: 3 views
+        B, T, _ = x.shape
+        heads = (self.n_heads, self.n_kv_heads, self.n_kv_heads)
+        qkv = F.linear(x, *self._qkv).view(B, T, sum(heads), -1).transpose(1, 2)
+        return qkv.split(heads, 1)
+
     def forward(
         self,
         x: torch.Tensor,
         bias: torch.Tensor | None = None,
-        cache: KVCache | None = None,
+        cache: AttentionCache | None = None,
         *,
         head_mask: torch.Tensor | None = None,
         return_weights: bool = False,
@@ -416,111 +379,109 @@ class Attention(MultiHeadAttention):
         n_heads, T, S)``.
 
         With a ``cache`` holding ``P`` positions, ``x`` holds positions ``P .. P+T-1``,
-        their keys and values are appended to the cache and the queries attend to all
-        ``S = P + T`` cached keys. ``positions``: ``(B, T)`` positions for RoPE instead
-        of ``P .. P+T-1`` (a padded batch numbers only its real tokens; a cache that
-        numbers by slot, ``positions_in_cache``, ignores them). ``head_mask``:
-        ``(n_heads,)`` or ``(B, n_heads)`` factors on each head's output before
-        ``out_proj`` (0 removes the head). ``return_weights=True`` also returns the
-        weights ``(B, n_heads, T, S)``.
+        their keys and values are stored in the cache and the queries attend to what
+        it returns, read as its ``kernel`` says
+        (:class:`attnbook.caches.AttentionCache`). ``positions``: ``(B, T)`` positions
+        for RoPE instead of ``P .. P+T-1`` (a padded batch numbers only its real
+        tokens; a cache that numbers by slot, ``positions_in_cache``, ignores them).
+        ``head_mask``: ``(n_heads,)`` or ``(B, n_heads)`` factors on each head's
+        output before ``out_proj`` (0 removes the head). ``return_weights=True`` also
+        returns the weights ``(B, n_heads, T, S)``.
 
-        With a :class:`attnbook.kvcache.StaticKVCache` (the decode hot path of
-        ``TinyGPT.generate``) the new keys and values go to the cache's slots, the
-        queries attend to all ``max_len`` slots, and ``bias`` is the whole mask (bool,
-        True = may attend, or additive, ``(B, 1 or n_heads, T, max_len)``); no weights.
+        With a cache read under the caller's mask (``kernel == "masked"``, the
+        :class:`attnbook.kvcache.StaticKVCache` of the decode hot path) the queries
+        attend to the slots ``bias`` covers, and ``bias`` is the whole mask (bool,
+        True = may attend, or additive, ``(B, 1 or n_heads, T, slots)``); no weights.
         """
-        _check_width("Attention", x, self.d_model, "(batch, seq, d_model={})")
-        if return_weights and isinstance(cache, StaticKVCache):
-            raise ValueError(
-                "Attention: return_weights=True needs a KVCache or no cache, not a "
-                "StaticKVCache (its fused kernel keeps no weights)"
-            )
-        B, T, _ = x.shape
-        if self._qkv is not None:  # generate's fused projection: one product, not 3
-            # (B, T, heads + 2 kv_heads, head_dim) -> heads first, then split: 3 views
-            heads = (self.n_heads, self.n_kv_heads, self.n_kv_heads)
-            qkv = F.linear(x, *self._qkv).view(B, T, sum(heads), -1).transpose(1, 2)
-            q, k, v = qkv.split(heads, 1)
-        else:
-            q = self._split(self.q_proj(x), self.n_heads)
-            k = self._split(self.k_proj(x), self.n_kv_heads)
-            v = self._split(self.v_proj(x), self.n_kv_heads)
+        kernel = _check_attention(self, x, cache, head_mask, return_weights)
+        q, k, v = self.project(x)
         # rotate after the projection, in every layer; cached keys stay rotated, except
         # in a cache that numbers positions by slot (attention sinks): it stores them
         # unrotated and they are rotated by their place in the cache at every step
-        in_cache = getattr(cache, "positions_in_cache", False)
-        if self.rotary is not None and not in_cache and positions is not None:
+        by_slot = cache is not None and cache.positions_in_cache
+        if self.rotary is not None and not by_slot and positions is not None:
             # the queries and keys of a step rotated in one call (one cos/sin)
             qk = self.rotary(torch.cat((q, k), 1), positions[:, None])
             q, k = qk.split((self.n_heads, self.n_kv_heads), 1)
-        elif self.rotary is not None and not in_cache:
+        elif self.rotary is not None and not by_slot:
             offset = cache.length if cache is not None else 0
             q, k = self.rotary(q, offset=offset), self.rotary(k, offset=offset)
-        if isinstance(cache, StaticKVCache):
-            # the decode hot path: write in place, attend under the caller's mask
-            # (bias: bool or additive) to the slots it covers, the first
-            # bias.shape[-1] (the live ones in eager; all max_len when compiled for
-            # CUDA graphs, whose shapes never change), one fused kernel for all heads
+        if cache is not None:
             k, v = cache.update(self.layer, k, v)
+        if by_slot and self.rotary is not None:
+            q = self.rotary(q, offset=k.shape[-2] - x.shape[1])
+            k = self.rotary(k)
+        dropout_p = self.dropout if self.training else 0.0
+        if kernel == "masked":
+            # the decode hot path: attend under the caller's mask (bias: bool or
+            # additive) to the slots it covers, the first bias.shape[-1] (the live
+            # ones in eager; all of them when compiled for CUDA graphs, whose shapes
+            # never change), one fused kernel for all heads
             if bias is not None:
                 k, v = k[:, :, : bias.shape[-1]], v[:, :, : bias.shape[-1]]
             out = F.scaled_dot_product_attention(
-                q,
-                k,
-                v,
-                bias,
-                dropout_p=self.dropout if self.training else 0.0,
+                q, k, v, bias, dropout_p=dropout_p,
                 enable_gqa=self.n_kv_heads != self.n_heads,
+            )  # fmt: skip
+            return self.merge(out, head_mask)
+        if kernel == "split_kv" and self._split_kv_kernel(q, bias, return_weights):
+            # one token against a contiguous prefix: the split-KV decoding kernel
+            lengths = torch.full(
+                (q.shape[0],), k.shape[-2], dtype=torch.int32, device=q.device
             )
-            return self._merge_heads(out, head_mask)
-        if cache is not None:
-            offset = cache.length
-            k, v = cache.update(self.layer, k, v)
-            if self.rotary is not None and in_cache:
-                q = self.rotary(q, offset=k.shape[-2] - T)
-                k = self.rotary(k)
-            if (
-                T == 1
-                and bias is None
-                and not return_weights
-                and x.is_cuda
-                and not self.training
-                and type(cache) is KVCache
-                and plan_for("decode", q)[0] == "triton"
-            ):
-                # one token against the whole cache: the split-KV decoding kernel
-                lengths = torch.full(
-                    (B,), offset + 1, dtype=torch.int32, device=x.device
-                )
-                out = decode_attention(q, k, v, lengths, backend="triton")
-                return self._merge_heads(out, head_mask)
+            out = decode_attention(q, k, v, lengths, backend="triton")
+            return self.merge(out, head_mask)
         out, weights = scaled_dot_product_attention(
             q,
             k,
             v,
             bias,
             is_causal=self.is_causal,
-            dropout_p=self.dropout if self.training else 0.0,
+            dropout_p=dropout_p,
             return_weights=True,
             enable_gqa=True,  # n_kv_heads < n_heads: grouped-query attention
         )
-        out = self._merge_heads(out, head_mask)
+        out = self.merge(out, head_mask)
         return (out, weights) if return_weights else out
 
-    def _merge_heads(
-        self, out: torch.Tensor, head_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """``(B, n_heads, T, head_dim)`` -> ``(B, T, d_model)``: scale each head by its
-        entry of ``head_mask``, concatenate the heads, apply ``out_proj``."""
-        B, _, T, _ = out.shape
-        if head_mask is not None:
-            if head_mask.shape[-1] != self.n_heads or head_mask.dim() > 2:
-                raise ValueError(
-                    f"Attention: head_mask must have shape (n_heads={self.n_heads},) "
-                    f"or (batch, n_heads), got {tuple(head_mask.shape)}"
-                )
-            out = out * head_mask.to(out)[..., None, None]
-        return self.out_proj(out.transpose(1, 2).reshape(B, T, self.d_model))
+    def _split_kv_kernel(self, q, bias, return_weights) -> bool:
+        """Whether a step may run the split-KV Triton kernel: one token, no bias, no
+        weights, eval mode, on a GPU that can run it."""
+        return (
+            q.shape[-2] == 1
+            and bias is None
+            and not return_weights
+            and q.is_cuda
+            and not self.training
+            and plan_for("decode", q)[0] == "triton"
+        )
+
+
+def _check_attention(attn, x, cache, head_mask, return_weights) -> str | None:
+    """The checks of :meth:`Attention.forward`; returns the cache's ``kernel``."""
+    fn = "Attention"
+    _check_width(fn, x, attn.d_model, "(batch, seq, d_model={})")
+    if head_mask is not None and (
+        head_mask.shape[-1] != attn.n_heads or head_mask.dim() > 2
+    ):
+        raise ValueError(
+            f"{fn}: head_mask must have shape (n_heads={attn.n_heads},) "
+            f"or (batch, n_heads), got {tuple(head_mask.shape)}"
+        )
+    if cache is None:
+        return None
+    if not isinstance(cache, AttentionCache) or cache.kernel == "absorbed":
+        raise TypeError(
+            f"{fn}: cache must be a cache of keys and values (an AttentionCache "
+            f"whose kernel is not 'absorbed'), got {type(cache).__name__}"
+        )
+    if return_weights and cache.kernel == "masked":
+        raise ValueError(
+            f"{fn}: return_weights=True needs a cache that is not read under the "
+            f"caller's mask, got a {type(cache).__name__} (its fused kernel keeps "
+            "no weights)"
+        )
+    return cache.kernel
 
 
 class LatentAttention(MultiHeadLatentAttention):
@@ -574,29 +535,6 @@ def _self_attention(
     """The self-attention layer ``config.attention`` names."""
     kind = LatentAttention if config.attention == "mla" else Attention
     return kind(config, is_causal=is_causal, layer=layer)
-
-
-class RMSNorm(nn.Module):
-    """Root-mean-square normalization (Zhang and Sennrich, 2019): ``x / sqrt(mean(x^2)
-    + eps) * weight``, LayerNorm without the mean subtraction and the bias.
-
-    Equal to ``torch.nn.RMSNorm(dim, eps)``; ``eps=None`` takes the machine epsilon of
-    the input's dtype, as torch does. Shapes ``(..., dim)`` -> the same."""
-
-    def __init__(self, dim: int, eps: float | None = None):
-        super().__init__()
-        _check_sizes("RMSNorm", dim=dim)
-        if eps is not None and (not _is_real(eps) or not 0.0 < eps < math.inf):
-            raise ValueError(
-                f"RMSNorm: eps must be None or a finite number > 0, got {eps!r}"
-            )
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        _check_width("RMSNorm.forward", x, self.weight.shape[0], "(..., dim={})")
-        eps = torch.finfo(x.dtype).eps if self.eps is None else self.eps
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * self.weight
 
 
 def _norm(config: TransformerConfig) -> nn.Module:
@@ -887,11 +825,11 @@ class _Transformer(nn.Module):
 
 
 class TinyGPT(_Transformer):
-    """A causal (decoder-only) language model: position ``t`` sees tokens ``0..t``."""
+    """A causal (decoder-only) language model: position ``t`` sees tokens ``0..t``.
+    It writes text with :meth:`generate` (:mod:`attnbook.generation`)."""
 
     is_causal = True
 
-    @torch.no_grad()
     def generate(
         self,
         idx: torch.Tensor,
@@ -904,167 +842,15 @@ class TinyGPT(_Transformer):
         key_padding_mask: torch.Tensor | None = None,
         compile: bool = False,
     ) -> torch.Tensor:
-        """Append ``max_new_tokens`` tokens to ``idx`` ``(B, T0)``; returns ``(B, T0 +
-        max_new_tokens)``.
-
-        ``temperature == 0``: greedy (argmax). Otherwise sample from ``softmax(logits /
-        temperature)``, restricted to the ``top_k`` largest logits when given, with
-        ``generator``; computed in float32 at least (as
-        :func:`attnbook.serving.sampling_probs`), so a half-precision model samples
-        right down to the lowest temperature.
-
-        ``use_cache=False`` recomputes the whole prefix at every step (``O(t^2)``
-        attention work per sequence of ``t`` tokens); ``use_cache=True`` runs the prompt
-        once (prefill) and then one token per step (decode) against a
-        :class:`attnbook.kvcache.StaticKVCache` (a latent cache for MLA): the cache,
-        the output tokens, the positions and the mask are allocated once for the whole
-        length and written in place, so every decode step has the same shapes. Both
-        give the same tokens. ``compile=True`` runs that one-token step through
-        ``torch.compile(fullgraph=True)`` (on CUDA with CUDA graphs,
-        ``mode="reduce-overhead"``): compiled once per model class and shapes, on the
-        first call (seconds to tens of seconds: time it), and reused by later calls
-        with the same batch, length and dtype; same tokens as eager (MHA only).
-
-        Prompts of different lengths: left-pad them to one length and give
-        ``key_padding_mask`` bool ``(B, T0)``, True at the padding, which must come
-        first in each row (at least one real token per row). Padding is no position and
-        no key, so row ``b`` of the output, without its padding, equals generating
-        ``idx[b]``'s real tokens alone (MLA: up to the rounding of its rotary angles).
-
-        The ``learned`` scheme has no row beyond ``max_len``: without a cache the
-        context is cropped to the last ``max_len`` tokens (nanoGPT's rule), which moves
-        every token to a new position, so each step recomputes everything; with a
-        cache that is impossible and going past ``max_len`` raises ``ValueError``.
-
-        The model runs in eval mode for the call (dropout off, so both ways give the
-        same tokens; a KV cache would otherwise see other dropout masks than the full
-        recomputation) and every submodule gets its previous mode back afterwards:
-        generating in the middle of training leaves the model training. ``idx`` must
-        hold ids in ``[0, vocab_size)``; ``top_k`` is ``None`` or a positive integer
-        (values above ``vocab_size`` keep every token); an empty batch returns ``(0,
-        T0 + max_new_tokens)``.
-        """
-        use_cache, compile = _check_generate(
-            self, idx, max_new_tokens, use_cache, temperature, top_k,
-            key_padding_mask, compile,
+        """Append ``max_new_tokens`` tokens to ``idx`` ``(B, T0)``: ``(B, T0 +
+        max_new_tokens)`` tokens, greedy at ``temperature=0``, with a static KV cache
+        unless ``use_cache=False``, compiled with ``compile=True``, left-padded
+        prompts given ``key_padding_mask``: :func:`attnbook.generation.generate`,
+        which documents every argument."""
+        return generate(
+            self, idx, max_new_tokens, use_cache, temperature, top_k, generator,
+            key_padding_mask=key_padding_mask, compile=compile,
         )  # fmt: skip
-        (B, T0), total = idx.shape, idx.shape[1] + max_new_tokens
-        tokens = idx.new_empty(B, total)  # the output, written in place
-        tokens[:, :T0] = idx
-        if B == 0 or max_new_tokens == 0:
-            return tokens
-        padding = key_padding_mask  # (B, total): the new tokens are never padding
-        if padding is not None:
-            padding = F.pad(padding.to(idx.device), (0, max_new_tokens), value=False)
-        choose = functools.partial(
-            _next_token, temperature=temperature, top_k=top_k, generator=generator
-        )
-        with _generating(self):  # eval mode for the call, the old modes restored
-            if not use_cache:
-                self._generate_uncached(tokens, T0, padding, choose)
-            elif self.config.attention == "mla":
-                self._generate_latent(tokens, T0, padding, choose)
-            else:
-                with _fused_projections(self):
-                    self._generate_static(tokens, T0, padding, choose, compile)
-        return tokens
-
-    def _generate_uncached(self, tokens, T0, padding, choose) -> None:
-        """Every step runs the whole prefix (cropped to ``max_len`` for ``learned``)."""
-        crop = self.config.max_len if self.config.positional == "learned" else None
-        for t in range(T0, tokens.shape[1]):
-            first = 0 if crop is None else max(0, t - crop)
-            mask = None if padding is None else padding[:, first:t]
-            logits = self(tokens[:, first:t], key_padding_mask=mask)[:, -1]
-            tokens[:, t : t + 1] = choose(logits)
-
-    def _generate_latent(self, tokens, T0, padding, choose) -> None:
-        """MLA: the general forward with a latent cache, one token a step."""
-        cache = self.make_cache(tokens.shape[0], tokens.shape[1] - 1)
-        new = tokens[:, :T0]
-        for t in range(T0, tokens.shape[1]):
-            mask = None if padding is None else padding[:, :t]
-            logits = self(new, cache=cache, key_padding_mask=mask)[:, -1]
-            tokens[:, t : t + 1] = new = choose(logits)
-
-    def _generate_static(self, tokens, T0, padding, choose, compile) -> None:
-        """The decode hot path. Everything a step needs is built once here: the cache
-        (:class:`attnbook.kvcache.StaticKVCache`), the positions of every slot (real
-        tokens only, under padding), an additive mask over the full length and the
-        table of absolute encodings or biases; the loop then only updates them in
-        place. Each step attends to the live slots only, the first ``t + 1`` (a view
-        of the mask, so the attention reads ``t + 1`` keys, not ``max_len``), except
-        under CUDA graphs, which replay one shape: there every step reads them all."""
-        B, total = tokens.shape
-        # slots for every token but the last, which is returned, never fed back, plus
-        # one spare: no step then attends to the whole buffer, a case of its own for
-        # the compiler (a slice to the full length would be compiled again)
-        S = total
-        cache, step, every_slot = _decode_setup(self, B, S, compile)
-        real = None if padding is None else ~padding[:, :S]
-        if real is None:
-            positions = torch.arange(S, device=tokens.device).expand(B, S)
-        else:
-            positions = (real.cumsum(-1) - 1).clamp_min(0)
-        table = self._decode_table(S)
-        if compile and not every_slot:  # one graph for every length: S is a symbol
-            for tensor in (*cache.k, *cache.v, table):
-                _dynamic_length(tensor, S)
-        dtype = self.tok_emb.weight.dtype
-        cache.seek(0, T0)  # prefill: the prompt in one pass, eager
-        mask = _additive(cache.mask(real), dtype)[..., :T0]
-        logits = self._step(tokens[:, :T0], cache, positions[:, :T0], mask, table)
-        tokens[:, T0 : T0 + 1] = choose(logits)
-        if total - 1 == T0:  # one new token: the prefill gave it
-            return
-        cache.seek(T0, 1)
-        full = _additive(cache.mask(real), dtype)  # (B or 1, 1, 1, S): 0 or -inf
-        contiguous = torch.contiguous_format  # the same strides at every call
-        position = positions[:, T0 : T0 + 1].clone(memory_format=contiguous)
-        new = tokens[:, T0 : T0 + 1].clone(memory_format=contiguous)  # fed back
-        for t in range(T0, total - 1):  # feed token t (slot t), choose token t + 1
-            if t > T0:  # the next slot, position and key: updated in place
-                cache.advance()
-                position.add_(1)
-                full.index_fill_(-1, cache.slots, 0.0)
-            mask = full if every_slot else full[..., : t + 1]
-            if compile and not every_slot:  # one graph for every length t + 1
-                mask = mask.clone(memory_format=contiguous)  # not a view of S slots
-                torch._dynamo.mark_dynamic(mask, mask.dim() - 1)  # (not -1: ignored)
-            new = choose(step(self, new, cache, position, mask, table))
-            tokens[:, t + 1 : t + 2] = new
-
-    def _decode_table(self, S: int) -> torch.Tensor | None:
-        """What a step looks up by slot or position, built once per generation: the
-        absolute encodings ``(S, d_model)``, or the t5/alibi bias ``(1, n_heads, S,
-        S)`` (causal, over slots), or ``None`` (rope, none)."""
-        scheme, weight = self.config.positional, self.tok_emb.weight
-        if scheme == "sinusoidal":
-            d_model = self.config.d_model
-            return sinusoidal_encoding(S, d_model, dtype=weight.dtype).to(weight.device)
-        if scheme == "learned":
-            return self.pos_emb.weight
-        if scheme == "t5":
-            return self.rel_bias(S, S).to(weight)
-        if scheme == "alibi":
-            return alibi_bias(self.config.n_heads, S, S).to(weight)
-        return None
-
-    def _step(self, idx, cache, positions, mask, table) -> torch.Tensor:
-        """One forward pass of the hot path: ``idx`` ``(B, T)`` written at
-        ``cache.slots``, ``positions`` ``(B, T)``, ``mask`` additive (0 or -inf) ``(B
-        or 1, 1, T, n)`` over the first ``n`` slots, ``table`` from
-        :meth:`_decode_table` -> the logits of the last position ``(B, vocab_size)``.
-        No host synchronization, and no shape but ``n`` changes: compilable whole."""
-        x, scheme, bias = self.tok_emb(idx), self.config.positional, mask
-        if scheme in ("sinusoidal", "learned"):
-            x = x + table[positions]
-        elif scheme in ("t5", "alibi"):  # the bias rows of the query slots
-            bias = table[:, :, cache.slots, : mask.shape[-1]] + mask
-        rope = positions if scheme == "rope" else None
-        for block in self.blocks:
-            x = block(x, bias, cache, positions=rope)
-        return self.head(self.ln_f(x[:, -1]))
 
     def make_cache(
         self, batch: int, max_len: int, *, device=None, static: bool = False
@@ -1099,136 +885,6 @@ class TinyGPT(_Transformer):
             dtype=weight.dtype,
             device=device,
         )
-
-
-def _check_generate(
-    model, idx, max_new_tokens, use_cache, temperature, top_k, padding, compile
-) -> tuple[bool, bool]:
-    fn, cfg = "TinyGPT.generate", model.config
-    _check_ids(fn, "idx", idx, cfg.vocab_size)
-    if (
-        isinstance(max_new_tokens, bool)
-        or not isinstance(max_new_tokens, numbers.Integral)
-        or max_new_tokens < 0
-    ):
-        raise ValueError(
-            f"{fn}: max_new_tokens must be a non-negative integer, got "
-            f"{max_new_tokens!r}"
-        )
-    use_cache = check_flag(fn, "use_cache", use_cache)
-    compile = check_flag(fn, "compile", compile)
-    if not _is_real(temperature) or not 0.0 <= temperature < math.inf:
-        raise ValueError(
-            f"{fn}: temperature must be a finite number >= 0 (0: greedy), got "
-            f"{temperature!r}"
-        )
-    if top_k is not None:
-        _check_sizes(fn, top_k=top_k)
-    if padding is not None:
-        check_key_padding_mask(fn, padding, *idx.shape)
-        starts = padding.long().diff(dim=-1) if idx.shape[1] > 1 else None
-        if padding[:, -1].any() or (starts is not None and (starts > 0).any()):
-            raise ValueError(
-                f"{fn}: key_padding_mask must be left padding (True only before the "
-                "first real token of each row) with a real last token, got "
-                f"{padding.int().tolist()[:4]}"
-            )
-    if compile and (not use_cache or cfg.attention == "mla"):
-        raise ValueError(
-            f"{fn}: compile=True compiles the cached decode step of attention='mha'; "
-            f"got use_cache={use_cache}, attention={cfg.attention!r}"
-        )
-    total = idx.shape[1] + max_new_tokens
-    if use_cache and cfg.positional == "learned" and total - 1 > cfg.max_len:
-        raise ValueError(
-            f"{fn}: a cached learned-position model cannot go past "
-            f"max_len={cfg.max_len} positions "
-            f"(prompt {idx.shape[1]} + {max_new_tokens} new tokens): use "
-            "use_cache=False, which crops"
-        )
-    return use_cache, compile
-
-
-#: The compiled decode steps, one per model class and compile mode, and the static
-#: caches per model, batch, length, dtype and device, reused across generate calls:
-#: the buffers keep their addresses (CUDA graphs replay on them) and the compiled graph
-#: its shapes, so only the first call pays for compiling.
-_COMPILED_STEPS: dict = {}
-_STATIC_CACHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-
-
-def _decode_setup(model, B: int, S: int, compile: bool):
-    """``(cache, step, every_slot)`` of one generation: the static cache, eager
-    ``model._step`` or its compiled form (compiled on first use), and whether each
-    step must attend to all ``S`` slots (CUDA graphs replay one shape) rather than
-    the live ones (on CPU the compiled step takes the length as a dynamic size)."""
-    weight = model.tok_emb.weight
-    if not compile:
-        return model.make_cache(B, S, static=True), type(model)._step, False
-    key = (B, S, weight.dtype, weight.device)
-    caches = _STATIC_CACHES.setdefault(model, {})
-    if key not in caches:
-        caches[key] = cache = model.make_cache(B, S, static=True)
-        if weight.is_cuda:  # CUDA graphs may mutate only buffers at fixed addresses
-            for buffer in cache.k + cache.v + (cache.slots,):
-                torch._dynamo.mark_static_address(buffer)
-    cache = caches[key]
-    for buffer in cache.k + cache.v:
-        buffer.zero_()
-    mode = "reduce-overhead" if weight.is_cuda else None
-    step_key = (type(model), mode)
-    if step_key not in _COMPILED_STEPS:
-        # CUDA replays the step as a CUDA graph. On a CPU the graph's wrapper is C++
-        # too (cpp_wrapper: the Python that calls its kernels cost about a tenth of a
-        # step), and a one-row matrix product becomes a multiply and a sum that inductor
-        # fuses into its own kernel on every thread (decompose_mm_pass), where the
-        # library's matrix-vector product ran on one core: the step streams its weights
-        # from memory, and two cores draw more bandwidth than one
-        cpu = {
-            "cpp_wrapper": True,
-            "post_grad_fusion_options": {"decompose_mm_pass": {}},
-        }
-        how = {"mode": mode} if mode else {"options": cpu}
-        _COMPILED_STEPS[step_key] = torch.compile(  # one graph per model and dtype
-            type(model)._step, fullgraph=True, **how
-        )
-    return cache, _COMPILED_STEPS[step_key], weight.is_cuda
-
-
-def _dynamic_length(tensor: torch.Tensor | None, S: int) -> None:
-    """Mark every dimension of size ``S`` of ``tensor`` (not a parameter) dynamic, so
-    the compiled step serves every generation length with one graph."""
-    if tensor is None or isinstance(tensor, nn.Parameter):
-        return
-    for dim, size in enumerate(tensor.shape):
-        if size == S:
-            torch._dynamo.mark_dynamic(tensor, dim)
-
-
-def _additive(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bool mask (True = may attend) -> additive, 0 or -inf, in ``dtype``: attention
-    adds it as it is, where a bool mask is converted again by every call."""
-    additive = torch.zeros(mask.shape, dtype=dtype, device=mask.device)
-    return additive.masked_fill_(~mask, float("-inf"))
-
-
-def _next_token(
-    logits: torch.Tensor,
-    temperature: float,
-    top_k: int | None,
-    generator: torch.Generator | None,
-) -> torch.Tensor:
-    """``(B, vocab)`` logits -> ``(B, 1)`` token ids: argmax at temperature 0, else a
-    (top-k) sample."""
-    if temperature == 0:
-        return logits.argmax(-1, keepdim=True)
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.shape[-1]), dim=-1).values[:, -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    # float32 at least, less the maximum: float16 logits / 1e-4 overflow to inf (NaN)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
-    logits = (logits - logits.amax(-1, keepdim=True)) / temperature
-    return multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
 
 
 class TinyEncoder(_Transformer):
@@ -1416,7 +1072,7 @@ class TinySeq2Seq(nn.Module):
                     f"{fn}: {name} must be a token id in [0, {vocab}) "
                     f"(vocab_size={vocab}), got {token!r}"
                 )
-        with _generating(self):  # eval mode for the call, the old modes restored
+        with generating(self):  # eval mode for the call, the old modes restored
             memory, mask = self.encode(src, src_mask)
             tgt = torch.full(
                 (src.shape[0], 1), bos, dtype=torch.long, device=src.device

@@ -47,6 +47,7 @@ from .contract import (
     check_real,
     check_sizes,
 )
+from .caches import AttentionCache
 from .core import scaled_dot_product_attention
 from .kvcache import (
     CacheFullError,
@@ -55,6 +56,7 @@ from .kvcache import (
     SlidingWindowKVCache,
     decode_attention,
 )
+from .layers import RMSNorm, merge_heads, scale_heads, split_heads
 from .positional import RotaryEmbedding
 
 __all__ = [
@@ -125,7 +127,9 @@ def _check_mla_input(mla, x, attn_mask, cache, is_causal, head_mask, weights):
             f"{fn}: x must have shape (batch, seq, d_model={mla.d_model}), got "
             f"{tuple(x.shape)}"
         )
-    if cache is not None and not isinstance(cache, LatentKVCache):
+    if cache is not None and (
+        not isinstance(cache, AttentionCache) or cache.kernel != "absorbed"
+    ):
         raise TypeError(
             f"{fn}: cache must be a LatentKVCache (MLA caches the latent, not keys "
             f"and values), got {type(cache).__name__}"
@@ -215,9 +219,6 @@ class MultiHeadLatentAttention(nn.Module):
         _check_mla(d_model, n_heads, kv_latent_dim, rope_dim, head_dim, q_latent_dim)
         _check_mla_options(rope_base, dropout, layer)
         head_dim = d_model // n_heads if head_dim is None else head_dim
-        # lazy: attnbook.models imports this module for its MLA layer
-        from .models import RMSNorm
-
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.kv_latent_dim, self.rope_dim = kv_latent_dim, rope_dim
         self.q_latent_dim, self.dropout, self.layer = q_latent_dim, dropout, layer
@@ -252,12 +253,10 @@ class MultiHeadLatentAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``q^C`` ``(B, n_heads, T, head_dim)`` and the rotated ``q^R`` ``(B,
         n_heads, T, rope_dim)``."""
-        B, T, _ = x.shape
         c_q = x if self.q_down is None else self.q_norm(self.q_down(x))
-        q_nope = self.q_up(c_q).view(B, T, self.n_heads, self.head_dim)
-        q_rope = self.q_rope_proj(c_q).view(B, T, self.n_heads, self.rope_dim)
-        q_rope = self.rotary(q_rope.transpose(1, 2), offset=offset)
-        return q_nope.transpose(1, 2), q_rope
+        q_nope = split_heads(self.q_up(c_q), self.n_heads)
+        q_rope = split_heads(self.q_rope_proj(c_q), self.n_heads)
+        return q_nope, self.rotary(q_rope, offset=offset)
 
     def materialize(
         self, c_kv: torch.Tensor, k_rope: torch.Tensor
@@ -266,10 +265,9 @@ class MultiHeadLatentAttention(nn.Module):
         rope_dim)`` and values ``W^{UV}_h c`` ``(B, n_heads, S, head_dim)`` from
         ``c_kv (B, S, kv_latent_dim)`` and ``k_rope (B, S, rope_dim)``."""
         B, S, _ = c_kv.shape
-        H, d = self.n_heads, self.head_dim
-        k_nope = self.k_up(c_kv).view(B, S, H, d).transpose(1, 2)
-        v = self.v_up(c_kv).view(B, S, H, d).transpose(1, 2)
-        k_rope = k_rope[:, None].expand(B, H, S, self.rope_dim)
+        k_nope = split_heads(self.k_up(c_kv), self.n_heads)
+        v = split_heads(self.v_up(c_kv), self.n_heads)
+        k_rope = k_rope[:, None].expand(B, self.n_heads, S, self.rope_dim)
         return torch.cat((k_nope, k_rope), dim=-1), v
 
     def absorbed(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -296,7 +294,6 @@ class MultiHeadLatentAttention(nn.Module):
         _check_mla_input(
             self, x, attn_mask, cache, is_causal, head_mask, return_weights
         )
-        B, T, _ = x.shape
         offset = 0 if cache is None else cache.lengths[self.layer]
         c_kv, k_rope = self.latent(x, offset)
         q_nope, q_rope = self.queries(x, offset)
@@ -310,8 +307,7 @@ class MultiHeadLatentAttention(nn.Module):
             k, v = self.materialize(c_kv, k_rope)
             q = torch.cat((q_nope, q_rope), dim=-1)
             out, weights = scaled_dot_product_attention(q, k, v, attn_mask, **options)
-            out = self._scale_heads(out, head_mask).transpose(1, 2)
-            out = self.out_proj(out.reshape(B, T, self.n_heads * self.head_dim))
+            out = self.out_proj(merge_heads(scale_heads(out, head_mask)))
         else:  # absorbed: attend to the latent, one shared key/value head
             c_kv, k_rope = cache.update(self.layer, c_kv, k_rope)
             w_uk, w_uvo = self.absorbed()
@@ -320,17 +316,9 @@ class MultiHeadLatentAttention(nn.Module):
             out, weights = scaled_dot_product_attention(
                 q, k, c_kv[:, None], attn_mask, enable_gqa=True, **options
             )  # (B, H, T, d_c): each head's weighted sum of latents
-            out = self._scale_heads(out, head_mask)
+            out = scale_heads(out, head_mask)
             out = torch.einsum("bhtc,hcm->btm", out, w_uvo)
         return (out, weights) if return_weights else out
-
-    def _scale_heads(
-        self, out: torch.Tensor, head_mask: torch.Tensor | None
-    ) -> torch.Tensor:
-        """``out (B, n_heads, T, width)`` times ``head_mask`` per head."""
-        if head_mask is None:
-            return out
-        return out * head_mask.to(out)[..., None, None]
 
 
 def _check_dtype(fn: str, dtype) -> None:
@@ -358,7 +346,13 @@ class LatentKVCache:
     Writing past ``max_len`` raises :class:`attnbook.kvcache.CacheFullError`.
     ``bytes_per_token``: ``n_layers (kv_latent_dim + rope_dim)`` elements per token
     of one sequence, what :func:`cache_bytes_per_token` gives for ``"mla"``.
+
+    It answers :class:`attnbook.caches.AttentionCache` with ``kernel = "absorbed"``:
+    only multi-head latent attention reads it; ``truncate(length)`` rolls back.
     """
+
+    kernel = "absorbed"
+    positions_in_cache = False
 
     def __init__(
         self,
@@ -439,6 +433,16 @@ class LatentKVCache:
     def reset(self) -> None:
         """Forget every position (the buffers stay allocated)."""
         self.lengths = [0] * len(self.lengths)
+
+    def truncate(self, length: int) -> None:
+        """Keep the first ``length`` positions of every layer (only ``lengths``
+        changes: the stale entries are overwritten by the next update)."""
+        fn = "LatentKVCache.truncate"
+        if check_int(fn, "length", length, minimum=0) > self.length:
+            raise ValueError(
+                f"{fn}: length must be in [0, cache.length={self.length}], got {length}"
+            )
+        self.lengths = [length] * len(self.lengths)
 
 
 #: The attention of DeepSeek-V2 as published (DeepSeek-AI, 2024, section 3.1.2), 60
@@ -527,23 +531,28 @@ def _evaluating(*models: nn.Module):
             module.training = mode
 
 
-def truncate_cache(cache: KVCache | LatentKVCache, length: int) -> None:
+def truncate_cache(cache: AttentionCache, length: int) -> None:
     """Roll a cache back to its first ``length`` positions, in every layer (what a
-    rejected draft token needs). Positions are appended in order, so this only sets
-    ``lengths``: the stale entries behind are overwritten by the next update. A ring
-    buffer (:class:`attnbook.kvcache.SlidingWindowKVCache`) or any other cache that
-    overwrites old positions cannot roll back and raises ``TypeError``."""
+    rejected draft token needs): the cache's own ``truncate``
+    (:class:`attnbook.caches.AttentionCache`). Positions are appended in order, so
+    this only sets ``lengths``: the stale entries behind are overwritten by the next
+    update. A ring buffer (:class:`attnbook.kvcache.SlidingWindowKVCache`) or any
+    other cache that overwrites old positions cannot roll back and raises
+    ``TypeError``."""
     fn = "truncate_cache"
-    if type(cache) not in (KVCache, LatentKVCache):
+    if not isinstance(cache, AttentionCache):
         raise TypeError(
-            f"{fn}: cache must be a KVCache or a LatentKVCache (caches that append), "
-            f"got {type(cache).__name__}"
+            f"{fn}: cache must be a cache (attnbook.caches.AttentionCache), got "
+            f"{type(cache).__name__}"
         )
     if check_int(fn, "length", length, minimum=0) > cache.length:
         raise ValueError(
             f"{fn}: length must be in [0, cache.length={cache.length}], got {length}"
         )
-    cache.lengths = [length] * len(cache.lengths)
+    try:
+        cache.truncate(length)
+    except TypeError as error:
+        raise TypeError(f"{fn}: cache cannot roll back: {error}") from None
 
 
 def _check_sampling(fn: str, temperature, top_k, logits=None) -> None:
@@ -946,13 +955,15 @@ class SinkKVCache(KVCache):
     hidden states of a chunk's earlier positions, hence the next layer's keys, depend
     on what they saw.
 
-    ``positions_in_cache = True`` tells :class:`attnbook.models.Attention` that keys
-    are stored unrotated and that queries and keys are rotated by their index in the
-    returned tensor, not by their position in the text: the paper's rule, which keeps
-    every distance the model sees below ``n_sink + max(window, T)``. ``length``
-    counts every position ever appended; nothing overflows.
+    ``positions_in_cache = True`` (:class:`attnbook.caches.AttentionCache`) tells
+    :class:`attnbook.models.Attention` that keys are stored unrotated and that queries
+    and keys are rotated by their index in the returned tensor, not by their position
+    in the text: the paper's rule, which keeps every distance the model sees below
+    ``n_sink + max(window, T)``. ``length`` counts every position ever appended;
+    nothing overflows, and nothing rolls back (``truncate`` raises ``TypeError``).
     """
 
+    kernel = "causal"
     positions_in_cache = True
 
     def __init__(
@@ -1014,6 +1025,13 @@ class SinkKVCache(KVCache):
         self.lengths[layer] = N
         return k_all[..., returned, :], v_all[..., returned, :]
 
+    def truncate(self, length: int) -> None:
+        """Refused: the ring has overwritten the positions it would need."""
+        raise TypeError(
+            "SinkKVCache.truncate: a SinkKVCache overwrites old positions, so it "
+            "cannot roll back"
+        )
+
 
 STREAMING_CACHES = ("full", "window", "sinks")
 
@@ -1044,7 +1062,7 @@ def _check_model_ids(fn: str, model, ids, shape: str, min_len: int = 2) -> None:
 def _check_streaming(model, ids, cache, n_sink, window, progress) -> None:
     fn = "streaming_losses"
     if not isinstance(cache, str):
-        if not hasattr(cache, "update") or getattr(cache, "length", None) != 0:
+        if not isinstance(cache, AttentionCache) or cache.length != 0:
             raise ValueError(
                 f"{fn}: cache must be one of {STREAMING_CACHES} or an empty cache "
                 f"object with update() and length (e.g. a QuantizedKVCache), got "
@@ -1065,7 +1083,7 @@ def _check_streaming(model, ids, cache, n_sink, window, progress) -> None:
             f"{fn}: cache={cache!r} holds per-head keys and values; a model with "
             "attention='mla' caches latents: use cache='full' or a LatentKVCache"
         )
-    if not isinstance(cache, str) and latent != isinstance(cache, LatentKVCache):
+    if not isinstance(cache, str) and latent != (cache.kernel == "absorbed"):
         need = "a LatentKVCache" if latent else "a cache of keys and values"
         raise ValueError(
             f"{fn}: cache must be {need} for a model with attention="
@@ -1379,8 +1397,14 @@ class QuantizedKVCache:
     counts them. A NaN or inf (after the cast to ``dtype``: float16 ends at 65504)
     raises ``ValueError``: it would make its whole group NaN. ``nbytes()`` counts what
     is stored (codes, scales, zeros, residual), not the capacity; ``max_len`` bounds
-    the length (:class:`attnbook.kvcache.CacheFullError` past it).
+    the length (:class:`attnbook.kvcache.CacheFullError` past it). It answers
+    :class:`attnbook.caches.AttentionCache` with ``kernel = "causal"`` (what it
+    returns is not what it stores) and cannot roll back (``truncate`` raises
+    ``TypeError``: its groups are quantized together).
     """
+
+    kernel = "causal"
+    positions_in_cache = False
 
     def __init__(
         self,
@@ -1455,6 +1479,13 @@ class QuantizedKVCache:
             )
         self.lengths[layer] = n + T
         return self._append("k", layer, k_new), self._append("v", layer, v_new)
+
+    def truncate(self, length: int) -> None:
+        """Refused: a quantized group cannot be cut back to full precision."""
+        raise TypeError(
+            "QuantizedKVCache.truncate: a QuantizedKVCache quantizes its groups "
+            "together, so it cannot roll back"
+        )
 
     def nbytes(self) -> int:
         """Bytes held now: codes, scales and zeros of every quantized group, plus the
@@ -1745,21 +1776,15 @@ class PagedModel:
         return model.head(model.ln_f(x))[:, -1].argmax(-1).tolist()
 
     def _attend(self, layer, attn, x, seq_ids, positions) -> torch.Tensor:
-        B, d = x.shape[0], attn.head_dim
-        q = attn.q_proj(x).view(B, 1, attn.n_heads, d).transpose(1, 2)
-        k = attn.k_proj(x).view(B, 1, attn.n_kv_heads, d).transpose(1, 2)
-        v = attn.v_proj(x).view(B, 1, attn.n_kv_heads, d).transpose(1, 2)
+        q, k, v = attn.project(x)  # the layer's shell: (B, heads, 1, head_dim)
         if attn.rotary is not None:  # each sequence at its own position
-            at = positions.view(B, 1, 1)
+            at = positions.view(-1, 1, 1)
             q, k = attn.rotary(q, at), attn.rotary(k, at)
-        cache, lengths = self.caches[layer], positions + 1
-        k_pad = k.new_zeros(B, attn.n_kv_heads, int(lengths.max()), d)
-        v_pad = torch.zeros_like(k_pad)
-        for b, seq in enumerate(seq_ids):
-            cache.append(seq, k[b], v[b])
-            k_pad[b, :, : lengths[b]], v_pad[b, :, : lengths[b]] = cache.gather(seq)
-        out = decode_attention(q, k_pad, v_pad, lengths.to(x.device))
-        return attn.out_proj(out.transpose(1, 2).reshape(B, 1, -1))
+        cache = self.caches[layer]
+        cache.select(seq_ids)
+        k_pad, v_pad = cache.update(0, k, v)  # padded to the longest sequence
+        out = decode_attention(q, k_pad, v_pad, cache.seqlens().to(x.device))
+        return attn.out_proj(merge_heads(out))
 
     def _check_room(self, fn: str, needed: int) -> None:
         free = len(self.caches[0].free_blocks)

@@ -805,18 +805,3 @@ def test_layers_and_head_ablation_name_a_wrong_input():
         Block(cfg, is_causal=True)(torch.ones(2, 3, 16, dtype=torch.long))
     with pytest.raises(TypeError, match="head_ablation: model must be a model with a TransformerConfig"):
         head_ablation(torch.nn.Linear(2, 2), lambda model, mask: 0.0)
-
-
-def test_the_fused_projections_follow_the_model_to_another_device():
-    """generate keeps its stacked q/k/v weights between calls; after the model moved (a
-    generate on the CPU, then model.cuda(): the GPU check's failure) they must be rebuilt
-    on the new device, not copied into the old one. The meta device stands in for a GPU."""
-    from attnbook.models import Attention, _fused_projections
-
-    model = TinyGPT(TransformerConfig(vocab_size=16, d_model=16, n_heads=2, n_layers=1))
-    attn = next(m for m in model.modules() if isinstance(m, Attention))
-    with _fused_projections(model):
-        assert attn._qkv[0].device.type == "cpu"
-    model.to("meta")
-    with _fused_projections(model):
-        assert attn._qkv[0].device.type == "meta"

@@ -1,0 +1,89 @@
+"""Tests for attnbook.layers: the multi-head shell against the layout written out, RMSNorm
+against PyTorch's, and the bad-input rows of the shared layers, the cache protocol and generation."""
+
+from __future__ import annotations
+
+import importlib
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+import test_bad_input as sweep
+
+from attnbook.core import MultiHeadAttention
+from attnbook.layers import HeadShell, RMSNorm, merge_heads, scale_heads, split_heads
+
+
+@given(B=st.integers(0, 3), T=st.integers(1, 5), heads=st.integers(1, 4), d=st.integers(1, 4))
+def test_split_heads_is_the_view_written_out_and_merge_heads_its_inverse(B, T, heads, d):
+    x = torch.randn(B, T, heads * d, generator=torch.Generator().manual_seed(0))
+    split = split_heads(x, heads)
+    assert split.shape == (B, heads, T, d)
+    for h in range(heads):
+        torch.testing.assert_close(split[:, h], x[..., h * d : (h + 1) * d], rtol=0, atol=0)
+    torch.testing.assert_close(merge_heads(split), x, rtol=0, atol=0)
+
+
+def test_scale_heads_scales_each_head_and_none_is_the_identity():
+    x = torch.ones(2, 3, 4, 5)
+    assert scale_heads(x, None) is x
+    out = scale_heads(x, torch.tensor([1.0, 0.0, 2.0]))
+    assert out[:, 1].abs().sum() == 0 and (out[:, 2] == 2).all() and (out[:, 0] == 1).all()
+    per_row = scale_heads(x, torch.tensor([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]]))
+    assert per_row[1].abs().sum() == 0 and (per_row[0] == 1).all()
+
+
+class _Shelled(HeadShell, MultiHeadAttention):
+    pass
+
+
+def test_the_shell_projects_and_merges_as_multi_head_attention_does():
+    """HeadShell.project and merge around plain attention equal core.MultiHeadAttention."""
+    torch.manual_seed(0)
+    layer = _Shelled(16, 4, 2).double()
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    c = torch.randn(2, 3, 16, dtype=torch.float64)
+    q, k, v = layer.project(x, c)
+    assert q.shape == (2, 4, 5, 4) and k.shape == v.shape == (2, 2, 3, 4)
+    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(layer.merge(out), MultiHeadAttention.forward(layer, x, c))
+    head_mask = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
+    no_head_1 = out.clone()
+    no_head_1[:, 1] = 0
+    torch.testing.assert_close(layer.merge(out, head_mask), layer.merge(no_head_1))
+
+
+@pytest.mark.parametrize("eps", [None, 1e-5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_rms_norm_equals_torchs(eps, dtype):
+    x = torch.randn(3, 5, 8, dtype=dtype, generator=torch.Generator().manual_seed(0))
+    ours, theirs = RMSNorm(8, eps).to(dtype), torch.nn.RMSNorm(8, eps).to(dtype)
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 1.5)
+        theirs.weight.copy_(ours.weight)
+    torch.testing.assert_close(ours(x), theirs(x))
+
+
+def test_models_rms_norm_is_the_same_class():
+    from attnbook import models
+
+    assert models.RMSNorm is RMSNorm and "RMSNorm" in models.__all__
+
+
+# the bad-input rows of the modules this part of the package added, run by the sweep's own test
+_ROWS = [(module, row) for module in ("layers", "caches", "generation")
+         for row in importlib.import_module(f"bad_input_{module}").ROWS]
+
+
+@pytest.mark.parametrize("item", _ROWS, ids=[f"{m}.{r.target}: {r.what}" for m, r in _ROWS])
+def test_bad_input_rows_of_the_new_modules(item):
+    sweep.test_bad_input(item)
+
+
+@pytest.mark.parametrize("module", ["layers", "caches", "generation"])
+def test_every_public_name_of_the_new_modules_has_a_row(module):
+    rows = importlib.import_module(f"bad_input_{module}")
+    covered = {row.target.split(".")[0] for row in rows.ROWS} | set(rows.EXEMPT)
+    public = set(importlib.import_module(f"attnbook.{module}").__all__)
+    assert covered == public
