@@ -65,15 +65,16 @@ class AttentionCache(Protocol):
 
     #: How attention reads what :meth:`update` returns: one of :data:`KERNELS`.
     kernel: str
-    #: True: keys are stored unrotated and rotated by their index in what
-    #: :meth:`update` returns (attention sinks); False: the layer rotates queries and
-    #: keys by their position before :meth:`update`, and cached keys stay rotated.
+    #: Whether keys are stored unrotated and rotated by their index in what
+    #: :meth:`update` returns (attention sinks), or rotated by the layer at their
+    #: position before :meth:`update` and cached rotated (every other cache).
     positions_in_cache: bool
 
     @property
     def length(self) -> int:
-        """Positions every layer holds: the position of the next step's first query
-        (for a paged pool, that of the shortest sequence selected)."""
+        """How many positions every layer holds, which is the position of the next
+        step's first query (for a paged pool, that of the shortest sequence
+        selected)."""
         ...
 
     def update(
