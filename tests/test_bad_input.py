@@ -28,7 +28,7 @@ from typing import Any, Callable
 import pytest
 
 MODULES = [
-    "contract", "masks", "primitives", "core", "complexity", "data", "utils", "viz", "widgets", "train", "models",
+    "contract", "masks", "primitives", "layers", "caches", "generation", "core", "complexity", "data", "utils", "viz", "widgets", "train", "models",
     "transformer", "positional", "sparse", "linear", "kvcache", "serving", "flash", "flex",
     "distributed", "rnn", "vision", "graph", "connections", "kernels", "kernels.flash_triton",
     "kernels.decode", "kernels.compile", "kernels.tuning", "kernels.variants", "kernels.lab",

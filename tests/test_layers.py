@@ -3,13 +3,11 @@ against PyTorch's, and the bad-input rows of the shared layers, the cache protoc
 
 from __future__ import annotations
 
-import importlib
 
 import pytest
 import torch
 from hypothesis import given
 from hypothesis import strategies as st
-import test_bad_input as sweep
 
 from attnbook.core import MultiHeadAttention
 from attnbook.layers import HeadShell, RMSNorm, merge_heads, scale_heads, split_heads
@@ -69,21 +67,3 @@ def test_models_rms_norm_is_the_same_class():
     from attnbook import models
 
     assert models.RMSNorm is RMSNorm and "RMSNorm" in models.__all__
-
-
-# the bad-input rows of the modules this part of the package added, run by the sweep's own test
-_ROWS = [(module, row) for module in ("layers", "caches", "generation")
-         for row in importlib.import_module(f"bad_input_{module}").ROWS]
-
-
-@pytest.mark.parametrize("item", _ROWS, ids=[f"{m}.{r.target}: {r.what}" for m, r in _ROWS])
-def test_bad_input_rows_of_the_new_modules(item):
-    sweep.test_bad_input(item)
-
-
-@pytest.mark.parametrize("module", ["layers", "caches", "generation"])
-def test_every_public_name_of_the_new_modules_has_a_row(module):
-    rows = importlib.import_module(f"bad_input_{module}")
-    covered = {row.target.split(".")[0] for row in rows.ROWS} | set(rows.EXEMPT)
-    public = set(importlib.import_module(f"attnbook.{module}").__all__)
-    assert covered == public
