@@ -81,7 +81,7 @@ def variants(d_model: int, heads: int, kv_heads: int, rope_dim: int) -> list[dic
 def allocated_bytes_per_token(model: models.TinyGPT) -> int:
     """Bytes per token of one sequence in the cache the model allocates (float32)."""
     cache = model.make_cache(1, 1)
-    if isinstance(cache, serving.LatentKVCache):
+    if cache.kernel == "absorbed":  # latents, not keys and values (caches.AttentionCache)
         return cache.bytes_per_token
     return (cache.k.numel() + cache.v.numel()) * cache.k.element_size()
 
