@@ -11,6 +11,12 @@ The grader (:mod:`attnbook.grader`) does not run ``check`` in the student's kern
 calls :func:`run_check` in its own process on a stand-in for the student's answer, with
 inputs drawn from a secret seed (``attnbook.exercises.common.fresh_inputs``).
 
+Every check also says whether the answer may use attnbook's own implementation
+(``register(..., library=...)``, a :class:`~attnbook.exercises.library.Library` policy):
+where the exercise exists to write a mechanism, an answer that uses the attnbook
+function or class implementing it fails with a message, and its check does not run
+(:mod:`attnbook.exercises.library` says how the use is found, and what is missed).
+
 A check may have an *after-pass* report (``register(..., after_pass=fn)``): what
 ``check`` prints under a passing verdict, such as the kernel lab's compile report (what
 the kernel would cost on three GPUs, several seconds of compiling). :func:`run_check`
@@ -25,6 +31,8 @@ import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from .library import Library, code_references, message, violations
 
 __all__ = [
     "CheckResult",
@@ -57,6 +65,7 @@ class _Check:
     fn: Callable[[object], None]
     hint: str
     after_pass: Callable[[object], str | None] | None = None
+    library: Library | None = None  # what the answer may use of attnbook
 
 
 CHECKS: dict[str, _Check] = {}
@@ -66,20 +75,35 @@ REPORT_SWITCH = "ATTNBOOK_COMPILE_REPORT"
 
 
 def register(
-    label: str, hint: str, after_pass: Callable[[object], str | None] | None = None
+    label: str,
+    hint: str,
+    after_pass: Callable[[object], str | None] | None = None,
+    *,
+    library: Library | None = None,
 ) -> Callable:
     """Register ``fn(student_object)`` as the check for ``label``; it raises
     ``AssertionError`` on a wrong answer. ``after_pass(student_object)``, if given,
-    returns a report (text, or ``None``) that :func:`check` prints after a pass."""
+    returns a report (text, or ``None``) that :func:`check` prints after a pass.
+
+    ``library`` is required: the policy that says whether the answer may use
+    attnbook's own implementation, made by
+    :func:`~attnbook.exercises.library.allowed` or
+    :func:`~attnbook.exercises.library.forbid`."""
     if after_pass is not None and not callable(after_pass):
         raise TypeError(
             f"register: after_pass must be callable or None, got {after_pass!r:.60}"
+        )
+    if not isinstance(library, Library):
+        raise TypeError(
+            f"register: {label!r} needs library=, a Library policy that says whether "
+            "its answer may use attnbook (library.allowed(why) or "
+            f"library.forbid(*names, why=...)), got {library!r:.60}"
         )
 
     def decorator(fn: Callable[[object], None]) -> Callable[[object], None]:
         if label in CHECKS:
             raise ValueError(f"exercise label {label!r} is registered twice")
-        CHECKS[label] = _Check(fn, hint, after_pass)
+        CHECKS[label] = _Check(fn, hint, after_pass, library)
         return fn
 
     return decorator
@@ -90,14 +114,30 @@ def labels() -> list[str]:
     return sorted(CHECKS)
 
 
-def run_check(label: str, student: object) -> CheckResult:
+def run_check(
+    label: str, student: object, references: set[str] | None = None
+) -> CheckResult:
     """The verdict of the check registered for ``label`` on the student's object,
-    without printing it: the grader calls this in its own process."""
+    without printing it: the grader calls this in its own process.
+
+    An answer that uses what the check's library policy forbids fails with a message
+    that says what it used, and the check does not run. What it uses is
+    ``references``, the qualified attnbook names that the answer's source refers to
+    (the grader reads them from the answer cell with
+    :func:`~attnbook.exercises.library.references`), or, when ``references`` is
+    ``None``, what ``student``'s compiled code refers to
+    (:func:`~attnbook.exercises.library.code_references`)."""
     if label not in CHECKS:
         raise ValueError(
             f"unknown exercise label {label!r}; known labels: {', '.join(labels())}"
         )
     entry = CHECKS[label]
+    policy = entry.library
+    if policy is not None and not policy.allows_library:
+        used = code_references(student) if references is None else set(references)
+        found = violations(policy, used)
+        if found:
+            return CheckResult(label, False, message(policy, found))
     try:
         entry.fn(student)
         return CheckResult(label, True, "passed")

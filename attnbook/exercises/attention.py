@@ -10,10 +10,16 @@ import torch
 from ..core import MultiHeadAttention, masked_softmax
 from . import register
 from .common import assert_close, generator, is_number
+from .library import allowed, forbid
 
 
 @register(
     "attention-masked-softmax",
+    library=forbid(
+        "attnbook",
+        why="The exercise asks for a masked softmax written without torch.softmax or "
+            "attnbook.",
+    ),
     hint="divide by the temperature, fill masked scores with -inf, subtract the row "
     "maximum before exp, "
     "and set rows with no allowed key to zero (their maximum is -inf).",
@@ -191,6 +197,16 @@ def _far_below_the_top(scaled: torch.Tensor, allowed: torch.Tensor):
 
 @register(
     "attention-multi-head",
+    library=forbid(
+        "attnbook.core.MultiHeadAttention",
+        "attnbook.models.Attention",
+        why="The exercise asks you to build multi-head attention from the layer's "
+            "four projections and one call of "
+            "attnbook.core.scaled_dot_product_attention per head, which stays "
+            "allowed.",
+        gaps="calling the layer the check hands over, `mha(x, context)` or "
+             "`mha.forward(...)`: the answer names only its parameter",
+    ),
     hint="project with mha.q_proj / k_proj / v_proj, reshape (B, T, d_model) -> (B, "
     "T, h, d_model // h) and "
     "transpose to (B, h, T, head_dim), attend per head, transpose back, reshape to "
@@ -275,6 +291,9 @@ def _same(actual, expected) -> bool:
 
 @register(
     "attention-sqrt-dk",
+    library=allowed(
+        "A scale derived on paper; no attnbook function returns it.",
+    ),
     hint="q . k is a sum of d_k independent products q_i k_i, each of mean 0 and "
     "variance sigma_q^2 sigma_k^2, "
     "and Var[s X] = s^2 Var[X]: solve s^2 Var[q . k] = 1 and return the positive root "

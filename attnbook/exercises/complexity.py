@@ -10,10 +10,17 @@ from ..complexity import attention_flops, attention_memory_bytes
 from ..kvcache import KVCache
 from . import register
 from .common import assert_int
+from .library import allowed, forbid
 
 
 @register(
     "complexity-attention-flops",
+    library=forbid(
+        "attnbook.complexity.attention_flops",
+        "attnbook.transformer.block_flops",
+        why="The exercise asks you to count the FLOPs from the shapes, without "
+            "attention_flops, which the check compares with.",
+    ),
     hint="Count 2 FLOPs per multiply-add in the four matrix products: Q, K, V "
     "projections (3 of n x d times d x d), "
     "scores (h heads of (n, d/h) x (d/h, n)), weighted sum, output projection. The "
@@ -73,6 +80,10 @@ def _flops_slip(got, n: int, d: int, h: int, batch: int) -> str:
 
 @register(
     "complexity-max-seq-len",
+    library=allowed(
+        "The answer inverts the weights' byte count exactly; attention_memory_bytes, "
+        "the count itself, is a fair building block.",
+    ),
     hint="The weights take batch * n_heads * n^2 * bytes_per_elem * n_layers bytes: "
     "solve for n and round down "
     "with integer arithmetic (math.isqrt), returning 0 when not even n = 1 fits.",
@@ -144,6 +155,10 @@ def _length_slip(n: int, budget_bytes: int, **kwargs) -> str:
 
 @register(
     "complexity-projection-crossover",
+    library=allowed(
+        "A length derived from the FLOP table's terms; attention_flops, whose terms "
+        "the check compares, is a fair building block.",
+    ),
     hint="the n^2 terms are the scores and the weighted sum, 2 n^2 d FLOPs each; the "
     "four projections cost "
     "2 n d^2 each. Solve 4 n^2 d = 8 n d^2 for n > 0 and return an int.",
@@ -217,6 +232,15 @@ def _crossover_slip(student) -> str:
 
 @register(
     "complexity-kv-decoding-cost",
+    library=forbid(
+        "attnbook.complexity.attention_flops",
+        "attnbook.kvcache.kv_cache_bytes",
+        "attnbook.kvcache.KVCache",
+        "attnbook.serving.cache_bytes_per_token",
+        why="The exercise asks you to write each decoding step's FLOPs and the "
+            "cache's bytes yourself; attention_flops and KVCache are what the check "
+            "measures with.",
+    ),
     hint="without a cache step t costs a whole layer on t tokens, 8 t d^2 + 4 t^2 d; "
     "with one it costs 8 d^2 "
     "(four projections of one token) + 4 t d (one query against t keys and t values). "

@@ -8,10 +8,16 @@ from ..connections import hopfield_update, ssm_convolution, ssm_recurrent
 from ..linear import elu_feature_map
 from . import register
 from .common import assert_close, generator
+from .library import allowed, forbid
 
 
 @register(
     "connections-hopfield-step",
+    library=forbid(
+        "attnbook",
+        why="The exercise asks for one Hopfield update written with torch.softmax "
+            "and matrix products only.",
+    ),
     hint="scores = beta * query @ patterns^T (one row per query), softmax over the "
     "patterns (last dim), "
     "then multiply by the patterns: one attention step with keys = values = patterns.",
@@ -67,6 +73,14 @@ def _check_hopfield_step(student) -> None:
 
 @register(
     "connections-ssm-matrix",
+    library=forbid(
+        "attnbook.connections.ssm_recurrent",
+        "attnbook.connections.ssm_convolution",
+        "attnbook.connections.ssm_kernel",
+        "attnbook.connections.DiagonalSSM",
+        why="The exercise asks you to build the SSM's kernel and its matrix, which "
+            "ssm_kernel and ssm_convolution compute.",
+    ),
     hint="the kernel is K[d, k] = sum_n c[d, n] * a[d, n]**k * b[d, n]; the matrix is "
     "T[d, t, s] = K[d, t - s] "
     "for s <= t and 0 above the diagonal (index K with t - s and mask with a lower "
@@ -100,6 +114,14 @@ def _check_ssm_matrix(student) -> None:
 
 @register(
     "connections-ssm-step",
+    library=forbid(
+        "attnbook.connections.ssm_recurrent",
+        "attnbook.connections.ssm_convolution",
+        "attnbook.connections.ssm_kernel",
+        "attnbook.connections.DiagonalSSM",
+        why="The exercise asks you to write one step of the SSM recurrence, which "
+            "ssm_recurrent, the check's reference, runs.",
+    ),
     hint="broadcast the input over the state with x_t.unsqueeze(-1): h_new = a * h + "
     "b * x_t[..., None] is "
     "(B, D, N); the output sums c * h_new over the last (state) dimension. Return a "
@@ -169,6 +191,10 @@ def _retention_recurrence(
 
 @register(
     "connections-linear-attention-ssm",
+    library=allowed(
+        "No attnbook function builds the decay mask; the check compares it with the "
+        "recurrence run step by step.",
+    ),
     hint="unroll S_t = gamma S_{t-1} + phi(k_t) v_t^T: how many times is key s's "
     "write multiplied by gamma before "
     "output t reads it (none when s = t), and what does output t see of keys s > t? "

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from ..distributed import ring_bytes_per_rank, shard_positions, ulysses_bytes_per_rank
 from . import register
 from .common import explain_slips, assert_int, call_student, generator
+from .library import forbid
 
 
 def _pick(gen: torch.Generator, options):
@@ -161,6 +162,12 @@ def _range_note(err: Exception) -> str:
 
 @register(
     "distributed-zigzag-positions",
+    library=forbid(
+        "attnbook.distributed.shard_positions",
+        "attnbook.distributed.shard",
+        why="The exercise asks you to write the zigzag layout, which shard_positions "
+            "computes.",
+    ),
     hint="c = seq_len // (2 * world); rank r holds chunk r, positions r c .. "
     "(r + 1) c - 1, then chunk 2 world - 1 - r, positions (2 world - 1 - r) c .. "
     "(2 world - r) c - 1.",
@@ -311,6 +318,12 @@ def _comm_cases(gen: torch.Generator) -> list[tuple]:
 
 @register(
     "distributed-comm-bytes",
+    library=forbid(
+        "attnbook.distributed.ring_bytes_per_rank",
+        "attnbook.distributed.ulysses_bytes_per_rank",
+        why="The exercise asks you to count the bytes each method sends, which "
+            "ring_bytes_per_rank and ulysses_bytes_per_rank return.",
+    ),
     hint="shard = batch * heads * (seq_len // world) * head_dim elements; the ring "
     "sends K and V world - 1 times, (world - 1) * 2 * shard; Ulysses runs four "
     "all-to-alls (q, k, v, out), each sending (world - 1) / world of a shard, "
@@ -701,6 +714,14 @@ def _unit_cases(gen) -> list:
 
 @register(
     "distributed-ring-step",
+    library=forbid(
+        "attnbook.distributed.ring_attention",
+        "attnbook.distributed.attention_on_rank",
+        "attnbook.flash.tiled_attention_forward",
+        why="The exercise asks you to write one ring step, a block's attention at its "
+            "global positions with its log-sum-exp, which ring_attention runs; "
+            "merge_partials, to fold it into the running state, stays allowed.",
+    ),
     hint="scores = q k^T * scale, under is_causal set to -inf where the key's global "
     "position k_start + j exceeds the query's q_start + i; block_lse = "
     "logsumexp(scores, -1), new_lse = logaddexp(lse, block_lse); with safe = new_lse "

@@ -8,6 +8,7 @@ from ..core import causal_mask
 from ..flash import hbm_accesses
 from . import register
 from .common import assert_close, generator, real_number
+from .library import forbid
 
 
 def _merge_note(l, m_a, l_a, m_b, l_b) -> str:
@@ -44,6 +45,12 @@ def _merge_note(l, m_a, l_a, m_b, l_b) -> str:
 
 @register(
     "flash-merge-states",
+    library=forbid(
+        "attnbook.flash.merge_partials",
+        "attnbook.flash.online_softmax_step",
+        why="The exercise asks you to write the merge of two online-softmax states, "
+            "which online_softmax_step and merge_partials implement.",
+    ),
     hint="m = max(m_a, m_b), l = l_a * exp(m_a - m) + l_b * exp(m_b - m); when both "
     "maxima are -inf "
     "(two empty blocks) return m = -inf, l = 0 without computing -inf - (-inf).",
@@ -167,6 +174,11 @@ def _key_block_slip(student, calls) -> str:
 
 @register(
     "flash-causal-key-blocks",
+    library=forbid(
+        "attnbook.flash.key_range",
+        why="The exercise asks you to work out the keys a causal query block needs, "
+            "which key_range returns.",
+    ),
     hint="with bottom-right alignment query i sees keys j <= i + S - L; the block's "
     "last row is "
     "min((q_block + 1) * block_q, L) - 1. Count the key blocks up to that row's last "
@@ -255,6 +267,13 @@ def _backward_slips(q, k, v, out, lse, dout, scale) -> dict:
 
 @register(
     "flash-attention-backward",
+    library=forbid(
+        "attnbook.flash.tiled_attention_backward",
+        "attnbook.flash.flash_attention",
+        why="The exercise asks you to write attention's backward pass from the "
+            "log-sum-exp, which tiled_attention_backward implements and "
+            "flash_attention differentiates.",
+    ),
     hint="P = exp(q k^T * scale - lse[..., None]); dv = P^T dout; dP = dout v^T; "
     "delta = rowsum(dout * out); "
     "dS = P * (dP - delta[..., None]); dq = dS k * scale; dk = dS^T q * scale.",
@@ -390,6 +409,11 @@ def _io_slip(student, cases) -> str:
 
 @register(
     "flash-io-head-dim",
+    library=forbid(
+        "attnbook.flash.hbm_accesses",
+        why="The exercise asks you to count the traffic yourself, then compare with "
+            "hbm_accesses.",
+    ),
     hint="for each d: M = sram_bytes // bytes_per_element, B = min(n, max(1, M // (4 "
     "d))), traffic = "
     "2 n d + 2 n d * ceil(n / B) (ceil with integers: -(-n // B)); return "
@@ -492,6 +516,11 @@ def _same_range(got, expected, call) -> bool:
 
 @register(
     "flash-window-key-range",
+    library=forbid(
+        "attnbook.flash.key_range",
+        why="The exercise asks you to work out the keys a sliding window lets a "
+            "query tile see, which key_range returns.",
+    ),
     hint="query i sits at position i + S - L among the keys and sees keys j in "
     "[i + S - L - left, i + S - L + right]; take the first row's lower end and the "
     "last row's upper end + 1, clamped to [0, S]; -1 means no bound on that side.",
@@ -540,6 +569,11 @@ def _check_window_key_range(student) -> None:
 
 @register(
     "flash-packed-positions",
+    library=forbid(
+        "attnbook.flex.document_ids",
+        why="The exercise asks you to compute each packed token's document and "
+            "position, which document_ids gives in part.",
+    ),
     hint="token t belongs to the document b with cu_seqlens[b] <= t < "
     "cu_seqlens[b + 1] (counted from 0), and its position restarts at 0 where its "
     "document starts: t - cu_seqlens[b].",

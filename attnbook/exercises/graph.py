@@ -9,6 +9,7 @@ import torch
 from ..graph import GATLayer, GCNLayer, edge_softmax, to_dense_adjacency
 from . import register
 from .common import assert_close, generator
+from .library import forbid
 
 
 def _random_edge_index(gen: torch.Generator, n: int, e: int) -> torch.Tensor:
@@ -17,6 +18,13 @@ def _random_edge_index(gen: torch.Generator, n: int, e: int) -> torch.Tensor:
 
 @register(
     "graph-gcn-propagation",
+    library=forbid(
+        "attnbook.graph.GCNLayer",
+        "attnbook.graph.GNN",
+        why="The exercise asks you to build the normalized propagation matrix that "
+            "GCNLayer applies; the graph helpers such as add_self_loops and "
+            "to_dense_adjacency stay allowed.",
+    ),
     hint="drop the existing self-loops, set A[i, j] = 1 for every edge j -> i (row = "
     "target), add the identity, "
     "take deg = row sums of A + I and return (A + I) / sqrt(deg_i deg_j).",
@@ -72,6 +80,12 @@ def _check_gcn_propagation(student) -> None:
 
 @register(
     "graph-edge-softmax",
+    library=forbid(
+        "attnbook.graph.edge_softmax",
+        "attnbook.graph.message_passing_attention",
+        why="The exercise asks you to write the softmax over each node's incoming "
+            "edges, which edge_softmax implements.",
+    ),
     hint="for each target node take the maximum of its edges' scores (scatter_reduce "
     "with 'amax'), subtract it, "
     "exponentiate, sum per target with index_add_, and divide each edge by its "
@@ -154,6 +168,13 @@ def _underflow_note(scores, target, wrong) -> str:
 
 @register(
     "graph-gat-coefficients",
+    library=forbid(
+        "attnbook.graph.GATLayer",
+        "attnbook.graph.GNN",
+        why="The exercise asks you to compute GAT's attention weights, which "
+            "GATLayer.forward_dense returns; edge_softmax and the masked softmaxes "
+            "stay allowed.",
+    ),
     hint="z = (x @ weight.T).view(N, heads, out_dim); s_src = (z * att_src).sum(-1) "
     "and s_dst likewise, "
     "both (N, heads); e[h, i, j] = leaky_relu(s_dst[i, h] + s_src[j, h], "

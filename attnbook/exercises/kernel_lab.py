@@ -38,9 +38,19 @@ from ..core import scaled_dot_product_attention
 from ..sparse import block_sparse_attention
 from . import register
 from .common import call_student, generator
+from .library import forbid
 
 _ATOL = {torch.float32: 1e-5, torch.float16: 1e-4}
 _BLOCK = 16  # attnbook.kernels.lab.BLOCK, without importing triton here
+# What every rung's answer may use: the check cell wraps it in a launcher of
+# attnbook.kernels.lab, which does not count against it.
+_KERNEL_ONLY = forbid(
+    "attnbook",
+    why="The answer is a Triton kernel that the grader compiles from its source "
+    "alone: it may use triton.language and its own @triton.jit helpers, nothing from "
+    "attnbook.",
+    harness=("attnbook.kernels.lab",),
+)
 
 
 _GUARD = 16  # rows of NaN before and after each input, and columns at least
@@ -266,6 +276,7 @@ def _softmax_slips(x: torch.Tensor, dtype) -> list:
 
 @register(
     "kernel-lab-softmax",
+    library=_KERNEL_ONLY,
     after_pass=_cost_report,
     hint="one program per row: cols = tl.arange(0, BLOCK), load with mask=cols < "
     "n_cols and other=-inf, compute in float32, subtract tl.max(x, 0), divide exp by "
@@ -305,6 +316,7 @@ def _check_softmax(student) -> None:
 # --------------------------------------------------------------------------------------
 @register(
     "kernel-lab-matmul",
+    library=_KERNEL_ONLY,
     after_pass=_cost_report,
     hint="program (i, j) owns C's tile rows i*BLOCK_M.., columns j*BLOCK_N..; a "
     "float32 tl.zeros accumulator; loop k0 over range(0, K, BLOCK_K), load the A and "
@@ -597,6 +609,7 @@ def _forward_waste(found) -> str:
 
 @register(
     "kernel-lab-attention-forward",
+    library=_KERNEL_ONLY,
     after_pass=_cost_report,
     hint="one program per query tile: load q once; m = -inf, l = 0, acc = 0 (float32); "
     "for each key tile up to min(S, (pid + 1) * BLOCK_M + S - L) when CAUSAL: s = "
@@ -766,6 +779,7 @@ def _backward_waste(found) -> str:
 
 @register(
     "kernel-lab-attention-backward",
+    library=_KERNEL_ONLY,
     after_pass=_cost_report,
     hint="one program per key tile: load k, v once; dk = dv = 0 (float32); for each "
     "query tile (from the first that sees the tile, when CAUSAL): p = exp(s - lse) "
@@ -900,6 +914,7 @@ def _sparse_waste(found) -> str:
 
 @register(
     "kernel-lab-block-sparse",
+    library=_KERNEL_ONLY,
     after_pass=_cost_report,
     hint="one program per query block: for idx in range(tl.load(ROW_PTR + block), "
     "tl.load(ROW_PTR + block + 1)), the key block is tl.load(COL_IDX + idx); run the "

@@ -9,6 +9,7 @@ import torch
 from ..kvcache import PagedKVCache, kv_cache_bytes
 from . import register
 from .common import assert_close, call_student, explain_slips, generator, is_number
+from .library import allowed, forbid
 
 _BYTES_ARGS = (
     "n_layers",
@@ -60,6 +61,13 @@ def _bytes_slips(args) -> list:
 
 @register(
     "kvcache-bytes",
+    library=forbid(
+        "attnbook.kvcache.kv_cache_bytes",
+        "attnbook.kvcache.KVCache",
+        "attnbook.serving.cache_bytes_per_token",
+        why="The exercise asks you to count a KV cache's bytes, which "
+            "kv_cache_bytes, the check's reference, returns.",
+    ),
     hint="keys AND values (the factor 2), one entry per layer, KV head, head "
     "dimension, position and "
     "sequence in the batch, times the bytes of one element.",
@@ -150,6 +158,11 @@ def _gather_note(got, pool, table, length) -> str:
 
 @register(
     "kvcache-paged-gather",
+    library=forbid(
+        "attnbook.kvcache.PagedKVCache",
+        why="The exercise asks you to write the gather a paged cache does, which "
+            "PagedKVCache.gather implements.",
+    ),
     hint="position p lives in block block_table[p // block_size] at offset p % "
     "block_size: index the pool "
     "with the table (pool[block_table]), put the heads first, flatten blocks and "
@@ -231,6 +244,13 @@ def _merge_note(got, o, lse) -> str:
 
 @register(
     "kvcache-merge-splits",
+    library=forbid(
+        "attnbook.flash.merge_partials",
+        "attnbook.kvcache.split_kv_attention",
+        "attnbook.kvcache.decode_attention",
+        why="The exercise asks you to write the merge of split-KV decoding, which "
+            "split_kv_attention does with merge_partials.",
+    ),
     hint="with M = the max of lse over the splits, weight each split by exp(lse_s - "
     "M), divide by the sum of "
     "the weights; a split with lse = -inf has weight 0, and if every split is empty "
@@ -318,6 +338,10 @@ def _decode_bytes(case, slips=()) -> int:
 
 @register(
     "kvcache-decode-bytes",
+    library=allowed(
+        "A byte count followed by a measurement; kv_cache_bytes, which the first "
+        "exercise writes, is a fair building block.",
+    ),
     hint="every weight once per step (the whole batch shares each read), plus the keys "
     "AND values of seq_len cached positions in every layer for every sequence, times "
     "the bytes of one element.",

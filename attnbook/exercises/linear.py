@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from ..linear import linear_attention, performer_features
 from . import register
 from .common import assert_close, assert_int, generator, largest_new_tensor
+from .library import allowed, forbid
 
 
 def _inputs(
@@ -94,6 +95,15 @@ def _linear_slips(q, k, v) -> list:
 
 @register(
     "linear-attention",
+    library=forbid(
+        "attnbook.linear.linear_attention",
+        "attnbook.linear.linear_attention_weights",
+        "attnbook.linear.linear_attention_recurrent",
+        "attnbook.linear.linear_attention_step",
+        why="The exercise asks you to write linear attention by associativity, which "
+            "linear_attention, the check's reference, implements; elu_feature_map "
+            "stays allowed.",
+    ),
     hint="compute kv = phi(K)^T V (shape M x Ev) and z = the sum of phi(K) over the "
     "keys first, then "
     "divide phi(Q) kv by phi(Q) z + eps row by row; phi is elu(x) + 1 and there is no "
@@ -197,6 +207,15 @@ def _causal_slips(q, k, v) -> list:
 
 @register(
     "linear-causal-prefix-sums",
+    library=forbid(
+        "attnbook.linear.linear_attention",
+        "attnbook.linear.linear_attention_weights",
+        "attnbook.linear.linear_attention_recurrent",
+        "attnbook.linear.linear_attention_step",
+        why="The exercise asks you to write causal linear attention with prefix "
+            "sums, which linear_attention with is_causal=True implements; "
+            "elu_feature_map stays allowed.",
+    ),
     hint="torch.cumsum over the sequence of the outer products phi(k_j) v_j^T (shape "
     "n x M x Ev) and of "
     "phi(k_j) gives S_i and z_i; out_i = phi(q_i) S_i / (phi(q_i) z_i + eps). Query i "
@@ -293,6 +312,12 @@ def _performer_slips(x, W) -> list:
 
 @register(
     "linear-performer-features",
+    library=forbid(
+        "attnbook.linear.performer_features",
+        "attnbook.linear.performer_attention",
+        why="The exercise asks you to write the FAVOR+ features, which "
+            "performer_features, the check's reference, computes.",
+    ),
     hint="scale x by d**-0.25 first, then exp(x~ W^T - |x~|^2 / 2) / sqrt(m) with m = "
     "W.shape[0] "
     "(one exp of a difference: a quotient of two exps overflows sooner).",
@@ -405,6 +430,10 @@ def _crossover_slip(student, cases) -> str:
 
 @register(
     "linear-crossover",
+    library=allowed(
+        "A count from the shapes; no attnbook function counts linear attention's "
+        "FLOPs.",
+    ),
     hint="linear attention: phi(K)^T V and phi(Q) S cost 2 n M d each, phi(Q) z costs "
     "2 n M (plus 2 n M d for the "
     "features of Q and again of K with random_features); softmax: Q K^T and A V cost "

@@ -14,10 +14,16 @@ from ..positional import (
 )
 from . import register
 from .common import assert_close, generator
+from .library import forbid
 
 
 @register(
     "positional-sinusoidal",
+    library=forbid(
+        "attnbook.positional",
+        why="The exercise asks for the sinusoidal table written without calling "
+            "attnbook.positional.",
+    ),
     hint="omega_f = base ** (-2f / dim) for f = 0 .. dim/2 - 1; even columns 0, 2, 4, "
     "... hold sin(i * omega_f), "
     "odd columns hold cos(i * omega_f). Build a (n, 1) column of positions times a "
@@ -100,6 +106,13 @@ def _sinusoidal_slip(got, n: int, dim: int, base: float) -> str:
 
 @register(
     "positional-alibi-slopes",
+    library=forbid(
+        "attnbook.positional.alibi_slopes",
+        "attnbook.positional.alibi_bias",
+        "attnbook.flex.alibi_score_mod",
+        why="The exercise asks you to write ALiBi's slope rule, which alibi_slopes "
+            "implements.",
+    ),
     hint="for a power of two n: 2 ** (-8 * h / n) for h = 1..n. Otherwise take p = "
     "the largest power of two below n, "
     "the p slopes of p heads, then slopes [0::2] of the 2p-head list until you have n.",
@@ -170,6 +183,13 @@ def _alibi_slip(answer, n: int) -> str:
 
 @register(
     "positional-t5-bucket",
+    library=forbid(
+        "attnbook.positional.t5_relative_position_bucket",
+        "attnbook.positional.T5RelativeBias",
+        "attnbook.flex.t5_score_mod",
+        why="The exercise asks you to write T5's bucketing in plain Python, which "
+            "t5_relative_position_bucket implements.",
+    ),
     hint="bidirectional: halve num_buckets and add it when the key is after the query "
     "(offset > 0); distance = |offset|. "
     "Causal: distance = max(-offset, 0). Distances below half the (per-direction) "
@@ -280,6 +300,12 @@ def _t5_slip(got: int, offset: int, bidirectional, num_buckets, max_distance) ->
 
 @register(
     "positional-rope",
+    library=forbid(
+        "attnbook.positional.RotaryEmbedding",
+        "attnbook.positional.rope_complex",
+        why="The exercise asks you to write the rotary rotation, which "
+            "RotaryEmbedding implements.",
+    ),
     hint="angles = positions[:, None] * inv_freq[None, :] with inv_freq = base ** "
     "(-2f / dim); for each pair "
     "(x[..., 2f], x[..., 2f+1]) return (x1 cos - x2 sin, x1 sin + x2 cos), "

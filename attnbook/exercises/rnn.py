@@ -16,6 +16,7 @@ from .common import (
     is_number,
     real_number,
 )
+from .library import allowed, forbid
 
 
 def _first(where: torch.Tensor) -> int:
@@ -110,6 +111,13 @@ def _luong_slips(q, k, W, m) -> list:
 
 @register(
     "rnn-luong-general",
+    library=forbid(
+        "attnbook.rnn.LuongAttention",
+        "attnbook.core.general_score",
+        why="The exercise asks you to write Luong's general score and its weights, "
+            "which general_score and LuongAttention compute; masked_softmax stays "
+            "allowed.",
+    ),
     hint="scores e_s = h_t^T W_a h_s for every s: (query @ W)[:, None, :] times keys, "
     "summed over the last "
     "dimension (or a batched matmul); then a softmax over s with masked positions set "
@@ -182,6 +190,12 @@ def _coverage_slips(w) -> list:
 
 @register(
     "rnn-coverage-loss",
+    library=forbid(
+        "attnbook.rnn.coverage_loss",
+        "attnbook.rnn.accumulated_coverage",
+        why="The exercise asks you to write the coverage and its loss, which "
+            "accumulated_coverage and coverage_loss compute.",
+    ),
     hint="the coverage before step t is the sum of the weights of steps 0..t-1 (zero "
     "at t = 0: an exclusive "
     "cumulative sum over T); the loss of step t is sum_s min(a_ts, c_ts); add the "
@@ -271,6 +285,11 @@ def _local_p_slips(scores, p, mask, D) -> list:
 
 @register(
     "rnn-local-p",
+    library=forbid(
+        "attnbook.rnn.LocalAttention",
+        why="The exercise asks you to write local-p's window and Gaussian, which "
+            "LocalAttention applies; masked_softmax stays allowed.",
+    ),
     hint="keep positions s with |s - p| <= D that are not masked; softmax the scores "
     "over those only; "
     "multiply by exp(-(s - p)^2 / (2 sigma^2)) with sigma = D / 2; everything else is "
@@ -423,6 +442,10 @@ def _results(call, cases) -> list:
 
 @register(
     "rnn-attention-cost",
+    library=allowed(
+        "Counts from the chapter's formula; rnn_flops and attention_flops count with "
+        "other conventions and are fair building blocks.",
+    ),
     hint="the recurrences cost (n + m) * 2 d^2 multiply-adds, the attention m steps "
     "of 2 d multiply-adds per "
     "annotation it reads (n of them, or min(2 D + 1, n) with local attention); set n "

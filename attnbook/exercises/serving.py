@@ -14,6 +14,7 @@ from ..serving import (
 )
 from . import register
 from .common import explain_slips, call_student, assert_int, generator
+from .library import forbid
 
 
 def _pick(gen: torch.Generator, options):
@@ -176,6 +177,12 @@ def _bytes_cases(gen: torch.Generator) -> list[dict]:
 
 @register(
     "serving-cache-bytes",
+    library=forbid(
+        "attnbook.serving.cache_bytes_per_token",
+        "attnbook.kvcache.kv_cache_bytes",
+        why="The exercise asks you to count each kind's cache per token, which "
+            "cache_bytes_per_token, the check's reference, returns.",
+    ),
     hint="per token and layer MHA caches 2 n_heads head_dim numbers (keys and "
     "values), GQA 2 n_kv_heads head_dim, MQA 2 head_dim, MLA its latent and shared "
     "rotary key, kv_latent_dim + rope_dim (once: keys and values come from the same "
@@ -438,6 +445,12 @@ def _speculative_case(gen: torch.Generator, vocab: int, plan: list[str]):
 
 @register(
     "serving-speculative-accept",
+    library=forbid(
+        "attnbook.serving.speculative_accept",
+        "attnbook.serving.speculative_generate",
+        why="The exercise asks you to write speculative sampling's acceptance rule, "
+            "which speculative_accept implements.",
+    ),
     hint="walk the draft tokens in order: accept token i while u[i] < min(1, p[i, "
     "x_i] / q[i, x_i]) and stop at the first rejection n; return (n, the residual "
     "max(0, p[n] - q[n]) divided by its sum), or (k, p[k]) when all k are accepted.",
@@ -687,6 +700,14 @@ def _quant_cases(gen: torch.Generator) -> list:
 
 @register(
     "serving-quantize-int8",
+    library=forbid(
+        "attnbook.serving.quantize",
+        "attnbook.serving.dequantize",
+        "attnbook.serving.QuantizedTensor",
+        "attnbook.serving.QuantizedKVCache",
+        why="The exercise asks you to write asymmetric quantization, which quantize "
+            "and dequantize implement.",
+    ),
     hint="lo = x.amin(dim, keepdim=True), hi = x.amax(dim, keepdim=True), s = (hi - "
     "lo) / (2**bits - 1); codes = round((x - lo) / s) (divide by 1 where s == 0); "
     "return codes * s + lo.",
@@ -827,6 +848,11 @@ def _sink_slip(results, cases) -> str:
 
 @register(
     "serving-sink-positions",
+    library=forbid(
+        "attnbook.serving.SinkKVCache",
+        why="The exercise asks you to work out what a sink cache holds, which "
+            "SinkKVCache reports.",
+    ),
     hint="the sinks are range(min(n_sink, n_seen)); the recent positions are "
     "range(max(n_sink, n_seen - window), n_seen), which starts after the sinks so no "
     "position comes twice; return the sinks followed by the recent ones.",

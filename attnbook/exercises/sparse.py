@@ -8,10 +8,19 @@ from ..core import scaled_dot_product_attention
 from ..sparse import expand_block_mask, sliding_window_mask
 from . import register
 from .common import assert_close, assert_int, generator, largest_new_tensor
+from .library import forbid
 
 
 @register(
     "sparse-dilated-window",
+    library=forbid(
+        "attnbook.sparse.sliding_window_mask",
+        "attnbook.sparse.longformer_mask",
+        "attnbook.flex.sliding_window_mask_mod",
+        "attnbook.flex.longformer_mask_mod",
+        why="The exercise asks you to build the dilated window mask, which "
+            "sliding_window_mask, the check's reference, returns.",
+    ),
     hint="with offset = i - j (an (n, n) tensor from two aranges), allow |offset| <= "
     "window * dilation and "
     "offset % dilation == 0, and with causal also offset >= 0; return a bool tensor.",
@@ -67,6 +76,12 @@ def _window_reason(i: int, j: int, window: int, causal: bool, dilation: int) -> 
 
 @register(
     "sparse-local-attention",
+    library=forbid(
+        "attnbook.sparse.block_sparse_attention",
+        "attnbook.flash.block_sparse_flash_attention",
+        why="The exercise asks you to write local attention by reshaping into "
+            "blocks; scaled_dot_product_attention, which it asks for, stays allowed.",
+    ),
     hint="reshape q, k, v from (..., n, d) to (..., n // block_size, block_size, d), "
     "run ordinary scaled "
     "dot-product attention on the last two dimensions (every block is a batch entry), "
@@ -124,6 +139,14 @@ def _check_local_attention(student) -> None:
 
 @register(
     "sparse-sliding-window-attention",
+    library=forbid(
+        "attnbook.sparse.sliding_window_attention",
+        "attnbook.flash.flash_attention",
+        "attnbook.flash.tiled_attention_forward",
+        why="The exercise asks you to write sliding-window attention in O(n w) "
+            "memory, which sliding_window_attention and flash_attention's "
+            "window_size implement.",
+    ),
     hint="zero-pad k and v by `window` positions at both ends "
     "(torch.nn.functional.pad), take windows with "
     ".unfold(-2, 2 * window + 1, 1), score q against its window only, and mask the "
@@ -237,6 +260,12 @@ def _layers_until_connected(n: int, w: int, dilated: bool) -> int:
 
 @register(
     "sparse-graph-depth",
+    library=forbid(
+        "attnbook.sparse.graph_distances",
+        why="The exercise asks for the number of layers from the window's reach, "
+            "which graph_distances measures directly; sliding_window_mask stays "
+            "allowed.",
+    ),
     hint="plain window: each layer moves information at most w positions, and one "
     "token needs no layer at all. "
     "Dilations 1, w+1, (w+1)^2, ...: k layers reach every offset up to (w+1)^k - 1 "

@@ -12,6 +12,7 @@ from ..data import ngram_bits_per_char
 from ..models import Block, TransformerConfig, induction_scores
 from . import register
 from .common import call_student, assert_close, assert_int, generator, real_number
+from .library import forbid
 
 
 def _close(actual, expected, atol: float, rtol: float) -> bool:
@@ -131,6 +132,11 @@ def _keepdim_note(err: Exception) -> str:
 
 @register(
     "transformer-rmsnorm",
+    library=forbid(
+        "attnbook.models.RMSNorm",
+        why="The exercise asks you to write RMSNorm, which attnbook.models.RMSNorm "
+            "implements.",
+    ),
     hint="rms = sqrt(mean of x**2 over the last dimension (keepdim=True) + eps), "
     "with eps inside the root; return x / rms * weight. No mean subtraction and no "
     "bias: that is the difference from LayerNorm.",
@@ -350,6 +356,16 @@ def _block_parameters(d, n_heads, n_kv_heads, mlp) -> int:
 
 @register(
     "transformer-block-parameters",
+    library=forbid(
+        "attnbook.transformer.block_parameters",
+        "attnbook.transformer.model_parameters",
+        "attnbook.models.Block",
+        "attnbook.models.TinyGPT",
+        "attnbook.models.Attention",
+        "attnbook.models.MLP",
+        why="The exercise asks you to count a block's parameters from its shapes, "
+            "which block_parameters returns and a built Block holds.",
+    ),
     hint="each nn.Linear has in * out weights and out biases: q_proj and out_proj "
     "are d x d, k_proj and v_proj d x (n_kv_heads * d // n_heads); two LayerNorms "
     "have a weight and a bias of d each; the GELU MLP is d -> 4d -> d with biases, "
@@ -533,6 +549,11 @@ def _bigram_slip(results, slips_per_case, expected) -> str:
 
 @register(
     "transformer-bigram-bits",
+    library=forbid(
+        "attnbook.data.ngram_bits_per_char",
+        why="The exercise asks you to count the bigram and score it, which "
+            "ngram_bits_per_char, the check's reference, does.",
+    ),
     hint="count the pairs (train[t-1], train[t]) in a V x V table (rows: previous "
     "character), add alpha to every entry and divide each row by its sum, count(prev) "
     "+ alpha V; then average -log2 p(valid[t] | valid[t-1]) over t = 1 .. "
@@ -672,6 +693,12 @@ def _prefix_slips(w, period) -> list:
 
 @register(
     "transformer-prefix-matching",
+    library=forbid(
+        "attnbook.models.induction_scores",
+        "attnbook.transformer.pattern_scores",
+        why="The exercise asks you to compute the prefix-matching score, which "
+            "induction_scores, the check's reference, returns.",
+    ),
     hint="with t = torch.arange(period, T), weights[:, :, t, t - period + 1] is the "
     "weight each query puts on the token after its previous occurrence; average it "
     "over the batch (dim 0) and the queries: one score per head.",

@@ -10,10 +10,17 @@ import torch.nn.functional as F
 from ..vision import PatchEmbedding, SpatialAttention, attention_rollout
 from . import register
 from .common import assert_close, generator, real_number
+from .library import allowed, forbid
 
 
 @register(
     "vision-patchify",
+    library=forbid(
+        "attnbook.vision.PatchEmbedding",
+        "attnbook.vision.VisionTransformer",
+        why="The exercise asks you to cut patches with reshape and permute, the step "
+            "PatchEmbedding does with a convolution.",
+    ),
     hint="cut (B, C, H, W) into (H/p) x (W/p) patches with reshape(B, C, H/p, p, W/p, "
     "p), move the two patch-grid "
     "axes to the front of each image (permute to B, H/p, W/p, C, p, p) and flatten: "
@@ -58,6 +65,11 @@ def _check_patchify(student) -> None:
 
 @register(
     "vision-rollout",
+    library=forbid(
+        "attnbook.vision.attention_rollout",
+        why="The exercise asks you to write attention rollout, which "
+            "attention_rollout, the check's reference, computes.",
+    ),
     hint="for each layer: average over heads (dim 1), add the identity, halve, divide "
     "each row by its sum; then "
     "multiply the layers together with the LATER layer on the left: rollout = A_l @ "
@@ -86,6 +98,12 @@ def _check_rollout(student) -> None:
 
 @register(
     "vision-spatial-gate",
+    library=forbid(
+        "attnbook.vision.SpatialAttention",
+        "attnbook.vision.CBAM",
+        why="The exercise asks you to write CBAM's spatial gate, which "
+            "SpatialAttention.gate, the check's reference, computes.",
+    ),
     hint="stack the channel mean and the channel maximum (in that order, "
     "keepdim=True) into (B, 2, H, W), "
     "apply F.conv2d(pooled, weight, padding=k // 2) and a sigmoid.",
@@ -115,6 +133,9 @@ def _check_spatial_gate(student) -> None:
 
 @register(
     "vision-conv-heads",
+    library=allowed(
+        "A peak solved from the error bound; no attnbook function returns it.",
+    ),
     hint="the bound 2 (n - 1) / (e^pi + n - 1) * max_abs_x * w_norm decreases in pi; "
     "set it equal to tol and solve "
     "for e^pi (keep the n - 1 in the denominator), and return 0.0 when pi = 0 already "
