@@ -920,6 +920,7 @@ def references(answer: str, setup: Sequence[str] = ()) -> set[str]:
 # a student's kernel, attnbook.course.grader) hold no student code to read: the grader
 # passes what the answer cell's source references instead.
 _STAND_INS = ("attnbook.course", "attnbook.grader")
+_MOST_OBJECTS = 10_000
 
 
 def code_references(obj) -> set[str]:
@@ -950,13 +951,18 @@ def code_references(obj) -> set[str]:
 
 
 class _Walk:
+    """The walk of :func:`code_references`: what it found, the objects it has read (at
+    most ``_MOST_OBJECTS``, so a huge nested list costs little), and the modules
+    whose functions are the student's own (``__main__``, and those of the functions
+    it was given)."""
+
     def __init__(self, found: set[str]) -> None:
         self.found = found
         self.seen: set[int] = set()
         self.homes: set[str] = {"__main__"}
 
     def object(self, obj, depth: int = 0) -> None:
-        if depth > 50 or id(obj) in self.seen:
+        if depth > 50 or id(obj) in self.seen or len(self.seen) > _MOST_OBJECTS:
             return
         self.seen.add(id(obj))
         kind = type(obj)
