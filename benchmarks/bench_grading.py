@@ -20,7 +20,8 @@ from pathlib import Path
 
 import nbformat
 
-from attnbook import course, grader, sandbox
+from attnbook import course
+from attnbook.course import grader, sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -19,7 +19,8 @@ import nbformat
 import pytest
 from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook, new_output
 
-from attnbook import course, exercises, grader, sandbox
+from attnbook import course, exercises
+from attnbook.course import grader, sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -229,10 +230,10 @@ def test_every_book_notebook_strips_cleanly():
         student = course.strip_solutions(nb, name=path.name)
         sources = [cell.source for cell in student.cells]
         assert not any(course.BEGIN in s or course.END in s for s in sources), path.name
-        assert not any(course._SOLUTION_OPEN.match(line) for s in sources for line in s.splitlines()), path.name
+        assert not any(course.notebooks._SOLUTION_OPEN.match(line) for s in sources for line in s.splitlines()), path.name
 
         def checks(notebook):
-            return [c.source for c in notebook.cells if c.cell_type == "code" and course._CHECK_CALL.search(c.source)]
+            return [c.source for c in notebook.cells if c.cell_type == "code" and course.notebooks.CHECK_CALL.search(c.source)]
 
         assert checks(student) == checks(nb), path.name
         n_stubs = sum(s.count(course.STUB) for s in sources)

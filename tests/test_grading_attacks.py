@@ -31,7 +31,8 @@ import nbformat
 import pytest
 import torch
 
-from attnbook import course, grader, sandbox
+from attnbook import course
+from attnbook.course import grader, sandbox
 
 # the shuffled-check-cells attack duplicates a cell, id included, as a student's copy and paste would
 pytestmark = pytest.mark.filterwarnings("ignore:Non-unique cell id")

@@ -15,7 +15,8 @@ import nbformat
 import pytest
 from IPython.core.inputtransformer2 import TransformerManager
 
-from attnbook import course, grader, sandbox
+from attnbook import course
+from attnbook.course import grader, sandbox
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAPTERS = sorted((ROOT / "book").glob("*.ipynb"))

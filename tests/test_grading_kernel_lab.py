@@ -19,7 +19,8 @@ import nbformat
 import pytest
 
 import attnbook.kernels.lab as lab
-from attnbook import course, grader, sandbox
+from attnbook import course
+from attnbook.course import grader, sandbox
 from attnbook.exercises import run_check
 from test_grading_chapters import cut
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from attnbook import grader, sandbox
+from attnbook.course import grader, sandbox
 from test_grading_attacks import FULL, LABELS, blank_of, classroom, mini_chapter
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the sandbox is Linux's")

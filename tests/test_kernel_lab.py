@@ -26,7 +26,8 @@ import torch
 import triton.language as tl
 
 import attnbook.kernels.lab as lab
-from attnbook import course, exercises, grader, sandbox
+from attnbook import course, exercises
+from attnbook.course import grader, sandbox
 from attnbook.core import scaled_dot_product_attention
 from attnbook.exercises import check, run_check
 from attnbook.kernels.flash_triton import flash_forward

@@ -202,8 +202,8 @@ def test_scores_are_zero_full_and_full_minus_the_wrong_exercise(course_run):
     assert set(rows) == {(c, s) for c in CHAPTERS for s in ("blank", "solved", "wrong")}
     for chapter in CHAPTERS:
         book = nbformat.read(ROOT / "book" / f"{chapter}.ipynb", as_version=4)
-        auto = {label: course._exercise_points(book, label) for label in course.expected_labels(book)}
-        manual = {label: course._exercise_points(book, label) for label in course.written_exercises(book)}
+        auto = {label: course.notebooks._exercise_points(book, label) for label in course.expected_labels(book)}
+        manual = {label: course.notebooks._exercise_points(book, label) for label in course.written_exercises(book)}
         by_hand = manual[BY_HAND] if chapter == "attention" else 0  # the grade given above
         for student, score in [
             ("blank", 0),

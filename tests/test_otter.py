@@ -98,7 +98,7 @@ def test_scores_are_zero_full_and_full_minus_the_wrong_exercise(otter_run):
     _, results, _ = otter_run
     book = nbformat.read(ROOT / "book" / f"{CHAPTER}.ipynb", as_version=4)
     labels = course.expected_labels(book)
-    points = {label: course._exercise_points(book, label) for label in labels}
+    points = {label: course.notebooks._exercise_points(book, label) for label in labels}
     for student, results_ in results.items():
         assert set(results_) == set(labels), student
         assert all(results_[k]["max_score"] == points[k] for k in labels)

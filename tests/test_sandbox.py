@@ -1,4 +1,4 @@
-"""The limits the grader puts on every kernel (attnbook.sandbox), tested on real processes."""
+"""The limits the grader puts on every kernel (attnbook.course.sandbox), tested on real processes."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from attnbook import sandbox
+from attnbook.course import sandbox
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="rlimits and cgroups are Linux's")
 
@@ -73,7 +73,7 @@ def test_the_process_guard_caps_forks_and_kills_what_is_left():
 
 
 def test_the_launcher_needs_a_command():
-    done = subprocess.run([sys.executable, "-m", "attnbook.sandbox", "--memory", "1000000000"],
+    done = subprocess.run([sys.executable, "-m", "attnbook.course.sandbox", "--memory", "1000000000"],
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "no command to run after --" in done.stderr
 
@@ -239,7 +239,7 @@ def as_an_ordinary_user(base: Path, code: str) -> subprocess.CompletedProcess:
         for path in [base, *base.rglob("*")]:
             os.lchown(path, 65534, 65534)
         drop = "os.setgroups([]); os.setgid(65534); os.setuid(65534)\n"
-    script = f"import os, tempfile\nfrom attnbook import sandbox\npath = {str(base / 'kernel')!r}\n{drop}{code}"
+    script = f"import os, tempfile\nfrom attnbook.course import sandbox\npath = {str(base / 'kernel')!r}\n{drop}{code}"
     return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
 
 

@@ -7,9 +7,10 @@ with a hint. Checks are registered by label with :func:`register`; labels are
 ``<topic>-short-name`` (``positional-alibi-slopes``), equal the ``{exercise}`` label in
 the chapter, and the checks of each chapter live in the submodule named by its topic.
 
-The grader (:mod:`attnbook.grader`) does not run ``check`` in the student's kernel: it
-calls :func:`run_check` in its own process on a stand-in for the student's answer, with
-inputs drawn from a secret seed (``attnbook.exercises.common.fresh_inputs``).
+The grader (:mod:`attnbook.course.grader`) does not run ``check`` in the student's
+kernel: it calls :func:`run_check` in its own process on a stand-in for the student's
+answer, with inputs drawn from a secret seed
+(``attnbook.exercises.common.fresh_inputs``).
 
 Every check also says whether the answer may use attnbook's own implementation
 (``register(..., library=...)``, a :class:`~attnbook.exercises.library.Library` policy):

@@ -878,7 +878,7 @@ def define_kernels(source: str) -> dict[str, object]:
     ``triton`` and ``tl`` (``triton.language``), so ``@triton.jit`` can read the
     kernels' source, and nothing else the notebook defined is in their reach.
 
-    The grader hands over only what it read and allowed (``attnbook.grader``'s
+    The grader hands over only what it read and allowed (``attnbook.course.grader``'s
     ``kernel_source``): ``@triton.jit`` functions and constants, nothing that runs when
     the module is imported."""
     import importlib.util

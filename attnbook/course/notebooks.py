@@ -1,71 +1,52 @@
-"""The course kit: student notebooks with the solutions stripped out, an export to
-nbgrader, and the command line of the grader.
-
-A chapter's coding exercise is a code cell tagged ``solution`` whose answer lies between
-nbgrader's markers, followed by a check cell::
-
-    def my_softmax(scores):              # the answer cell, tagged solution, hide-input
-        ### BEGIN SOLUTION
-        return scores.softmax(-1)
-        ### END SOLUTION
-
-    attnbook.exercises.check("attention-masked-softmax", my_softmax)   # the check cell
-
-Four commands turn the book into a course::
-
-    python -m attnbook.course student OUTDIR [--book book]
-    python -m attnbook.course nbgrader SOURCE_DIR [--book book] [--points P]
-        [--timings DIR]
-    python -m attnbook.course otter OUTDIR [--book book] [--points P]
-    python -m attnbook.course grade SUBMISSIONS... [--book book] [--out grades.csv]
-        [--jobs N] [--timeout 120] [--notebook-timeout 1800] [--memory 6]
-        [--output-limit 20] [--require-sandbox | --no-sandbox] [--feedback DIR]
-        [--gradebook FILE]
-
-``student`` replaces every marked block by ``raise NotImplementedError(...)`` (so the
-check reports "not attempted" until the student writes code), un-hides the stub, clears
-outputs and removes the written ``{solution}`` directives. ``grade`` rebuilds each
-submission from the book's chapter with only the student's answer cells, runs it in a
-kernel under limits, and runs the checks in its own process on new inputs (see
-:mod:`attnbook.grader` for how, and :mod:`attnbook.sandbox` for the limits); it writes
-one CSV row per student, notebook and check, a gradebook with points per chapter, and
-one Markdown feedback file per student. ``nbgrader`` and ``otter`` export the chapters
-to the two graders instructors already run: nbgrader (JupyterHub) and otter-grader
-(Gradescope); see :func:`nbgrader_source` and :func:`otter_master`.
-
-nbformat, jupyter_client and pyzmq come with the ``course`` extra: ``pip install
-"attnbook[course]"``.
-"""
+"""Notebook editing for the course kit: the student notebooks (solutions stubbed
+out), the exercises of a chapter as the graders see them (its checks, its written
+exercises, its slowest cell), and the exports to the graders instructors already run:
+nbgrader (JupyterHub) source notebooks with their configuration, and otter-grader
+(Gradescope) master notebooks."""
 
 from __future__ import annotations
 
-import argparse
 import ast
 import copy
+import importlib
 import math
 import re
-import sys
-import time
 from pathlib import Path
 
-from . import grader, sandbox
-from .grader import CHECK_CALL as _CHECK_CALL
-from .grader import _require, grade, write_feedback  # noqa: F401 (re-exported)
+from .. import __version__
+from . import sandbox
 
 __all__ = [
+    "CHECK_CALL",
+    "require",
     "strip_solutions",
     "make_student_bundle",
-    "nbgrader_source",
-    "make_nbgrader_source",
     "expected_labels",
     "written_exercises",
     "slowest_cell",
     "cell_timeout",
     "nbgrader_config",
+    "nbgrader_source",
+    "make_nbgrader_source",
     "otter_master",
     "make_otter_masters",
-    "main",
 ]
+
+# A check call in a code cell: check("label", ...) or attnbook.exercises.check('label',
+# ...).
+CHECK_CALL = re.compile(r"""\bcheck\(\s*(["'])([^"'\n]+)\1""")
+
+
+def require(module: str):
+    """Import one of the ``course`` extra's packages, or say how to install it."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:  # pragma: no cover - the test environment has the extra
+        raise ImportError(
+            f"the course kit needs {module}; install the course extra: pip install "
+            "'attnbook[course]'"
+        ) from err
+
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
@@ -232,7 +213,7 @@ def make_student_bundle(book_dir="book", out_dir="student") -> list[Path]:
 
     Returns the paths written, notebooks first (sorted), then ``README.md``.
     """
-    nbformat = _require("nbformat")
+    nbformat = require("nbformat")
     notebooks = _chapters(book_dir)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -408,7 +389,6 @@ def nbgrader_config(slowest: dict[str, float]) -> str:
     """The text of an ``nbgrader_config.py`` for chapters whose slowest cells took
     ``slowest`` (chapter -> seconds): ``Execute.timeout`` from :func:`cell_timeout`,
     the kernel's environment documented, one PyTorch thread."""
-    from . import __version__
 
     chapter = max(slowest, key=slowest.get) if slowest else "no chapter"
     return NBGRADER_CONFIG.format(
@@ -459,7 +439,7 @@ def _one_check_call(cell, where: str) -> tuple[str, str] | None:
     """``(label, answer expression)`` of a check cell that is one ``check("label",
     answer)`` call (on one line or several), None for a cell with no check;
     ``ValueError`` for anything else (it could not become a test safely)."""
-    if not _CHECK_CALL.search(cell.source):
+    if not CHECK_CALL.search(cell.source):
         return None
     try:
         body = ast.parse(cell.source).body
@@ -502,7 +482,7 @@ def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
     Raises ``ValueError`` naming ``name`` and the cell for a check cell that is not a
     single ``check(...)`` call or for unbalanced markers.
     """
-    nbformat = _require("nbformat")
+    nbformat = require("nbformat")
     source = copy.deepcopy(nb)
     written = written_exercises(nb)
     cells, pending = [], None  # pending: the last solution cell, waiting for its check
@@ -577,7 +557,7 @@ def make_nbgrader_source(
     the slowest cells in ``SLOWEST_CELL``, or measured with :func:`slowest_cell` on the
     executed notebooks of the same names in ``timings_dir``. Returns the paths
     written, the config last."""
-    nbformat = _require("nbformat")
+    nbformat = require("nbformat")
     out_dir = Path(out_dir)
     written, slowest = [], {}
     for path in _chapters(book_dir):
@@ -643,7 +623,7 @@ attnbook[grading] @ git+{url}@v{version}
 
 
 def _raw(source: str):
-    return _require("nbformat").v4.new_raw_cell(source)
+    return require("nbformat").v4.new_raw_cell(source)
 
 
 def otter_master(nb, name: str = "notebook", points: float | None = None):
@@ -668,7 +648,7 @@ def otter_master(nb, name: str = "notebook", points: float | None = None):
     single ``check(...)`` call, for unbalanced markers, or for an exercise cell that
     holds two exercises.
     """
-    nbformat = _require("nbformat")
+    nbformat = require("nbformat")
     source = copy.deepcopy(nb)
     written = written_exercises(nb)
     cells = [_raw(OTTER_CONFIG.format(name=Path(name).stem))]
@@ -753,7 +733,7 @@ def _otter_markdown(cell, nb, written, points, opened, cells) -> str | None:
         config = f"name: {label}\npoints: {worth}\ncheck_cell: false"
         cells += [_raw(f"# BEGIN QUESTION\n{config}"), cell]
         return label
-    answer = _require("nbformat").v4.new_markdown_cell(
+    answer = require("nbformat").v4.new_markdown_cell(
         written[label] or "(The book gives no model answer.)", id=f"{label}-answer"[:64]
     )
     worth = _exercise_points(nb, label)
@@ -774,9 +754,8 @@ def make_otter_masters(
     """Write ``out_dir/<chapter>/<chapter>.ipynb`` (:func:`otter_master`) and the
     ``requirements.txt`` of the Gradescope image beside it, for every
     ``book_dir/*.ipynb``. Returns the notebooks written."""
-    from . import __version__
 
-    nbformat = _require("nbformat")
+    nbformat = require("nbformat")
     written = []
     for path in _chapters(book_dir):
         target = Path(out_dir) / path.stem / path.name
@@ -792,6 +771,7 @@ def make_otter_masters(
     return written
 
 
+
 # --------------------------------------------------------------------------------------
 # Grading
 # --------------------------------------------------------------------------------------
@@ -802,215 +782,7 @@ def expected_labels(nb) -> list[str]:
         m[2]
         for cell in nb.cells
         if cell.cell_type == "code"
-        for m in _CHECK_CALL.finditer(cell.source)
+        for m in CHECK_CALL.finditer(cell.source)
     ]
     return list(dict.fromkeys(found))
 
-
-# --------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------
-#: The ``--book`` option of the commands that read the chapters.
-_BOOK_OPTION = {
-    "default": "book",
-    "help": "folder with the chapter notebooks (default: book)",
-}
-
-
-def main(argv=None) -> int:
-    """``python -m attnbook.course student|nbgrader|otter|grade ...``: see the module's
-    docstring."""
-    parser = argparse.ArgumentParser(
-        prog="python -m attnbook.course",
-        description=" ".join(__doc__.split("\n\n")[0].split()),
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    student = commands.add_parser(
-        "student", help="write student notebooks (solutions stubbed out) and a README"
-    )
-    student.add_argument("outdir", help="folder for the student notebooks")
-    student.add_argument("--book", **_BOOK_OPTION)
-    nbg = commands.add_parser(
-        "nbgrader", help="write nbgrader source notebooks, one assignment per chapter"
-    )
-    nbg.add_argument("outdir", help="nbgrader's source/ folder")
-    nbg.add_argument("--book", **_BOOK_OPTION)
-    nbg.add_argument(
-        "--points",
-        type=float,
-        default=None,
-        help="points per auto-checked exercise (default: each chapter's "
-        "metadata.attnbook.points, 1 where it lists none)",
-    )
-    nbg.add_argument(
-        "--timings",
-        default=None,
-        help="folder of the chapters executed where you grade (e.g. an autograded "
-        "submission's folder): the cell timeout comes from their slowest cells "
-        "(default: the book's measured table, course.SLOWEST_CELL)",
-    )
-    otter = commands.add_parser(
-        "otter",
-        help="write otter-grader master notebooks (Gradescope), one per chapter",
-    )
-    otter.add_argument("outdir", help="folder for the master notebooks")
-    otter.add_argument("--book", **_BOOK_OPTION)
-    otter.add_argument(
-        "--points",
-        type=float,
-        default=None,
-        help="points per auto-checked exercise (default: each chapter's "
-        "metadata.attnbook.points, 1 where it lists none)",
-    )
-    grading = commands.add_parser(
-        "grade",
-        help="grade submitted notebooks: checks run in the grader, on new inputs",
-    )
-    grading.add_argument(
-        "submissions", nargs="+", help="notebooks, or folders searched for *.ipynb"
-    )
-    grading.add_argument(
-        "--book",
-        default="book",
-        help="the chapters' folder: each notebook is rebuilt from the chapter of its "
-        "name (default: book)",
-    )
-    grading.add_argument(
-        "--out", default="grades.csv", help="CSV file to write (default: grades.csv)"
-    )
-    grading.add_argument(
-        "--feedback",
-        default=None,
-        help="folder for one feedback file per student (default: feedback/ beside the "
-        "CSV)",
-    )
-    grading.add_argument(
-        "--gradebook",
-        default=None,
-        help="gradebook CSV, one row per student (default: gradebook.csv beside the "
-        "CSV)",
-    )
-    grading.add_argument(
-        "--jobs", type=int, default=1, help="notebooks graded at once (default: 1)"
-    )
-    box = grading.add_mutually_exclusive_group()
-    box.add_argument(
-        "--require-sandbox",
-        action="store_true",
-        help="refuse to grade where the bubblewrap sandbox does not work",
-    )
-    box.add_argument(
-        "--no-sandbox",
-        action="store_true",
-        help="run the kernels without the sandbox (every row says isolation: none)",
-    )
-    limits = sandbox.Limits()
-    grading.add_argument(
-        "--timeout",
-        type=float,
-        default=limits.cell_timeout,
-        help="seconds per cell and per call into an answer (default: "
-        f"{limits.cell_timeout:g})",
-    )
-    grading.add_argument(
-        "--notebook-timeout",
-        type=float,
-        default=limits.notebook_timeout,
-        help="seconds per notebook, and as many CPU seconds for all its processes "
-        f"together (default: {limits.notebook_timeout:g})",
-    )
-    grading.add_argument(
-        "--memory",
-        type=float,
-        default=limits.memory / sandbox.GIB,
-        help="GiB of memory per process of a submission, and for all of them "
-        f"together (default: {limits.memory / sandbox.GIB:g})",
-    )
-    grading.add_argument(
-        "--output-limit",
-        type=float,
-        default=limits.output / 2**20,
-        help=f"MB of output per notebook (default: {limits.output / 2**20:g})",
-    )
-    args = parser.parse_args(argv)
-
-    try:
-        if args.command == "student":
-            written = make_student_bundle(args.book, args.outdir)
-            print(
-                f"Wrote {len(written) - 1} student notebooks and README.md to "
-                f"{args.outdir}"
-            )
-        elif args.command == "nbgrader":
-            written = make_nbgrader_source(
-                args.book, args.outdir, points=args.points, timings_dir=args.timings
-            )
-            print(
-                f"Wrote {len(written) - 1} nbgrader assignments and {written[-1].name} "
-                f"to {args.outdir}: copy {written[-1].name} into your course folder; "
-                "nbgrader generate_assignment <chapter> makes the release versions"
-            )
-        elif args.command == "otter":
-            written = make_otter_masters(args.book, args.outdir, points=args.points)
-            print(
-                f"Wrote {len(written)} otter master notebooks to {args.outdir}: "
-                "otter assign <chapter>/<chapter>.ipynb dist/<chapter> writes the "
-                "student notebook and the Gradescope autograder zip"
-            )
-        else:
-            limits = sandbox.Limits(
-                cell_timeout=args.timeout,
-                notebook_timeout=args.notebook_timeout,
-                memory=int(args.memory * sandbox.GIB),
-                output=int(args.output_limit * 2**20),
-            )
-            out = Path(args.out)
-            feedback = (
-                out.parent / "feedback" if args.feedback is None else args.feedback
-            )
-            book = (
-                out.parent / "gradebook.csv"
-                if args.gradebook is None
-                else args.gradebook
-            )
-            start = time.monotonic()
-
-            def progress(done, total, student, notebook):
-                print(
-                    f"[{done}/{total}] {student}/{notebook} "
-                    f"({time.monotonic() - start:.0f} s)",
-                    flush=True,
-                )
-
-            rows = grader.grade(
-                args.submissions,
-                out,
-                book_dir=args.book,
-                limits=limits,
-                jobs=args.jobs,
-                isolation="bwrap"
-                if args.require_sandbox
-                else "none"
-                if args.no_sandbox
-                else "auto",
-                feedback_dir=feedback,
-                gradebook=book,
-                progress=progress,
-            )
-            checks = [row for row in rows if row["label"] != grader.NOTEBOOK]
-            print(
-                f"Graded {len({(r['student'], r['notebook']) for r in rows})} "
-                f"notebooks in {time.monotonic() - start:.0f} s: "
-                f"{sum(r['passed'] for r in checks)}/{len(checks)} checks passed"
-            )
-            print(grader.summary(rows))
-            print(
-                f"Wrote {out}, {book} and one feedback file per student in {feedback}/"
-            )
-    except (ValueError, FileNotFoundError) as err:
-        parser.exit(1, f"error: {err}\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
