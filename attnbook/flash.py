@@ -12,10 +12,15 @@ S`` score matrix never exists in memory. Three ideas, one function each:
 * :func:`tiled_attention_forward`: the FlashAttention forward pass in tiles; it returns
   the output and the log-sum-exp ``lse`` of every row, the only statistic the backward
   pass needs.
-* :func:`flash_attention`: a differentiable function whose backward pass recomputes the
+* :func:`tiled_attention_backward`: the backward pass, which recomputes the
   probabilities tile by tile from ``(q, k, lse)`` instead of storing them.
-  ``backend="auto"`` runs the Triton kernels of :mod:`attnbook.kernels.flash_triton` on
-  CUDA and the PyTorch tiles elsewhere.
+
+:func:`attnbook.attend.flash_attention` makes the two one differentiable function;
+with ``backend="auto"`` it runs the Triton kernels of
+:mod:`attnbook.kernels.flash_triton` on CUDA and these PyTorch tiles elsewhere. It and
+the other entry points that pick a backend (``flash_attention_varlen``,
+``block_sparse_flash_attention``, ``select_backend``) live in :mod:`attnbook.attend`
+and are given here too, under their names (``attnbook.flash.flash_attention``).
 
 :func:`hbm_accesses` counts the slow-memory traffic of standard attention and of
 FlashAttention, the quantity FlashAttention minimizes; :func:`plan_tiles` sizes the
@@ -27,7 +32,7 @@ that sees no key returns zeros and ``lse = -inf``.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import math
 import numbers
 import os
@@ -38,7 +43,6 @@ from .contract import check_flag as _check_flag
 from .contract import check_int as _check_int
 from .contract import (
     check_attention_options,
-    check_block_mask,
     check_float,
     check_qkv,
     default_scale,
@@ -59,12 +63,32 @@ __all__ = [
     "tiled_attention_backward",
     "key_range",
     "plan_tiles",
-    "flash_attention",
-    "flash_attention_varlen",
-    "block_sparse_flash_attention",
-    "select_backend",
     "hbm_accesses",
 ]
+
+#: The entry points that pick a backend, which live in :mod:`attnbook.attend` and are
+#: given here too, where the chapter teaches them (``attnbook.flash.flash_attention``).
+_ENTRY_POINTS = frozenset(
+    {
+        "flash_attention",
+        "flash_attention_varlen",
+        "block_sparse_flash_attention",
+        "select_backend",
+    }
+)
+
+
+def __getattr__(name: str):
+    """``attnbook.flash.flash_attention`` and the other entry points of
+    :data:`_ENTRY_POINTS`: looked up in :mod:`attnbook.attend` when first asked for.
+    That module builds on this one, so this one does not import it."""
+    if name in _ENTRY_POINTS:
+        return getattr(importlib.import_module("attnbook.attend"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | _ENTRY_POINTS)
 
 
 # --------------------------------------------------------------------------------------
@@ -409,7 +433,8 @@ def tiled_attention_backward(
     nothing more (the same tiles are skipped). For MQA/GQA the query heads that share a
     key head are rows of one tile, as in :func:`tiled_attention_forward`, so the
     products ``P^T dO`` and ``dS^T Q`` sum their key/value gradients without a copy of
-    K and V. Shapes ``(B, H, L, E)`` as :func:`flash_attention` saves them;
+    K and V. Shapes ``(B, H, L, E)`` as
+    :func:`attnbook.attend.flash_attention` saves them;
     ``grad_out`` is like ``out``; tiles from :func:`plan_tiles` unless given. Computed
     in float32 (float64 for float64 ``q``), whatever ``lse``'s dtype.
     """
@@ -484,471 +509,10 @@ def tiled_attention_backward(
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
-# --------------------------------------------------------------------------------------
-# Backend choice and the differentiable function
-# --------------------------------------------------------------------------------------
-def _triton_importable() -> bool:
-    return importlib.util.find_spec("triton") is not None
-
-
-def select_backend(
-    q: torch.Tensor,
-    backend: str = "auto",
-    *,
-    v: torch.Tensor | None = None,
-    kernel: str = "flash",
-    block_size: int | None = None,
-) -> str:
-    """Resolve ``backend`` for inputs like ``q``: ``"triton"`` or ``"torch"``.
-
-    ``"auto"`` picks ``"triton"`` when ``q`` is on a CUDA GPU that can run the kernels
-    (Triton installed, compute capability >= 7.0, bfloat16 only on >= 8.0, head dims
-    of ``q`` and values ``v`` up to 256, a tile configuration that fits the GPU: the
-    rule of :func:`attnbook.kernels.plan` for ``kernel``, ``"flash"`` or
-    ``"block_sparse"`` with its ``block_size``), else ``"torch"``.
-    ``"triton"`` requires Triton and either a CUDA tensor or Triton's CPU interpreter
-    (environment variable ``TRITON_INTERPRET=1``, slow, for tests, set before
-    :mod:`attnbook.kernels.flash_triton` is first imported, since Triton reads it when
-    the kernels are defined); otherwise it raises ``RuntimeError`` saying what is
-    missing.
-    """
-    return _select_backend("select_backend", q, backend, v, kernel, block_size)
-
-
-def _interpreter_missing(q: torch.Tensor) -> str | None:
-    """Why the Triton kernels cannot run on ``q`` (None when they can)."""
-    from .kernels import triton_missing
-
-    module = "attnbook.kernels.flash_triton"
-    return triton_missing(q, module, "_fwd_kernel", installed=_triton_importable())
-
-
-def _select_backend(
-    fn: str,
-    q: torch.Tensor,
-    backend: str,
-    v: torch.Tensor | None = None,
-    kernel: str = "flash",
-    block_size: int | None = None,
-) -> str:
-    """:func:`select_backend`, its errors naming the function ``fn`` that asked."""
-    if not isinstance(backend, str) or backend not in ("auto", "torch", "triton"):
-        raise ValueError(
-            f"{fn}: backend must be 'auto', 'torch' or 'triton', got {backend!r}"
-        )
-    if kernel not in ("flash", "block_sparse"):
-        raise ValueError(
-            f"{fn}: kernel must be 'flash' or 'block_sparse', got {kernel!r}"
-        )
-    check_float(fn, "q", q)
-    if backend == "torch":
-        return "torch"
-    if backend == "auto":
-        from .kernels import plan_for
-
-        return plan_for(kernel, q, v, block_size)[0]
-    missing = _interpreter_missing(q)
-    if missing is not None:
-        raise RuntimeError(
-            f"{fn}: backend='triton' needs {missing}. Or use backend='torch' (the "
-            "PyTorch tiles) or backend='auto'."
-        )
-    return "triton"
-
-
-def _differentiable_backward(forward, inputs, grad_out, needs_grad):
-    """The gradients of ``forward(*inputs)`` against ``grad_out`` as tensors that are
-    themselves differentiable: a backward pass run with ``create_graph=True`` (second
-    derivatives, a gradient penalty) comes here.
-
-    The hand-written backward passes treat the saved ``lse`` as a constant and the
-    Triton ones are opaque to autograd, so their results cannot be differentiated
-    again. Here ``forward`` (the PyTorch tiles, built of differentiable operations)
-    runs once more under autograd and ``torch.autograd.grad`` differentiates it with
-    ``create_graph=True``: exact second derivatives, at the price of autograd storing
-    every tile of that recomputation (``O(L S)`` memory, only in this case)."""
-    with torch.enable_grad():
-        out = forward(*inputs)
-    wanted = [t for t, need in zip(inputs, needs_grad) if need]
-    grads = iter(
-        torch.autograd.grad(out, wanted, grad_out, create_graph=True, allow_unused=True)
-    )
-    return tuple(next(grads) if need else None for need in needs_grad)
-
-
-class _FlashAttention(torch.autograd.Function):
-    """Autograd wrapper: saves ``(q, k, v, out, lse)``, never an ``L x S`` tensor."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, is_causal, scale, backend, window, slopes, softcap):
-        fused = {"window_size": window, "alibi_slopes": slopes, "softcap": softcap}
-        if backend == "triton":
-            from .kernels.flash_triton import flash_forward
-
-            run = flash_forward
-        else:
-            run = tiled_attention_forward
-        out, lse = run(q, k, v, is_causal=is_causal, scale=scale, **fused)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.is_causal, ctx.scale, ctx.backend, ctx.fused = (
-            is_causal,
-            scale,
-            backend,
-            fused,
-        )
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        q, k, v, out, lse = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: differentiable gradients
-
-            def forward(q, k, v):
-                return tiled_attention_forward(
-                    q, k, v, is_causal=ctx.is_causal, scale=ctx.scale, **ctx.fused
-                )[0]
-
-            grads = _differentiable_backward(
-                forward, (q, k, v), grad_out, ctx.needs_input_grad[:3]
-            )
-            return *grads, None, None, None, None, None, None
-        if ctx.backend == "triton":
-            from .kernels.flash_triton import flash_backward
-
-            run = flash_backward
-        else:
-            run = tiled_attention_backward
-        dq, dk, dv = run(
-            q, k, v, out, lse, grad_out,
-            is_causal=ctx.is_causal, scale=ctx.scale, **ctx.fused,
-        )  # fmt: skip
-        return dq, dk, dv, None, None, None, None, None, None
-
-
-def flash_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    is_causal: bool = False,
-    scale: float | None = None,
-    window_size: tuple[int, int] = (-1, -1),
-    alibi_slopes: torch.Tensor | None = None,
-    softcap: float = 0.0,
-    backend: str = "auto",
-    return_backend: bool = False,
-):
-    """Exact, differentiable attention ``softmax(q k^T * scale [+ causal mask]) v`` in
-    tiles.
-
-    Equal to ``attnbook.core.scaled_dot_product_attention(q, k, v, is_causal=is_causal,
-    scale=scale, enable_gqa=True)`` (bottom-right causal alignment) with memory
-    ``O(L + S)`` per head beyond the inputs and outputs, in the forward and the backward
-    pass. FlashAttention-2's fused options, each applied inside the tiles (see
-    :func:`tiled_attention_forward`): ``window_size=(left, right)`` (a sliding window;
-    tiles outside it are skipped), ``alibi_slopes`` ``(H,)`` or ``(B, H)`` (ALiBi),
-    ``softcap`` (Gemma 2's cap on the scores). ``backend``: ``"auto"`` (Triton on a GPU
-    that can run it, PyTorch elsewhere), ``"torch"`` or ``"triton"`` (see
-    :func:`select_backend`). Shapes follow :mod:`attnbook.contract`: ``q (..., H, L,
-    E)``, ``k (..., Hkv, S, E)``, ``v (..., Hkv, S, Ev)`` -> ``(..., H, L, Ev)``. With
-    ``return_backend=True`` it returns ``(out, backend)``, the backend that ran.
-
-    Gradients of any order: a backward pass with ``create_graph=True`` (second
-    derivatives, ``torch.autograd.gradgradcheck``) differentiates a recomputation of
-    the forward pass in PyTorch tiles (on either backend) instead of the hand-written
-    backward pass, so that pass needs ``O(L S)`` memory: autograd stores every tile.
-    """
-    fn = "flash_attention"
-    check_qkv(fn, q, k, v)
-    is_causal = _check_flag(fn, "is_causal", is_causal)
-    scale = _check_scale(fn, scale)
-    _check_head_dim(fn, q, scale)
-    rank = max(q.dim(), k.dim())
-    q4, k4, v4, batch = _as_4d(q, k, v)
-    window, slopes, softcap = check_attention_options(
-        fn, q4, window_size, alibi_slopes, softcap
-    )
-    chosen = _select_backend(fn, q4, backend, v4)
-    out = _FlashAttention.apply(
-        q4, k4, v4, bool(is_causal), scale, chosen, window, slopes, softcap
-    )
-    out = _from_4d(out, batch, rank)
-    return (out, chosen) if return_backend else out
-
-
-def _check_cu_seqlens(
-    fn: str, name: str, cu: torch.Tensor, total: int, max_len: int
-) -> list[int]:
-    """FlashAttention-2's ``cu_seqlens``: int32, 1-D, from 0 up to ``total``, never
-    decreasing, no sequence longer than ``max_len``. Returns the offsets."""
-    if not isinstance(cu, torch.Tensor) or cu.dtype != torch.int32 or cu.dim() != 1:
-        raise ValueError(
-            f"{fn}: {name} must be a 1-D int32 tensor of offsets, got "
-            f"{getattr(cu, 'dtype', type(cu).__name__)} "
-            f"{tuple(getattr(cu, 'shape', ()))}"
-        )
-    offsets = cu.tolist()
-    lengths = [b - a for a, b in zip(offsets, offsets[1:])]
-    if len(offsets) < 2 or offsets[0] != 0 or offsets[-1] != total or min(lengths) < 0:
-        raise ValueError(
-            f"{fn}: {name} must rise from 0 to the {total} tokens without decreasing, "
-            f"got {offsets}"
-        )
-    if max(lengths) > max_len:
-        raise ValueError(
-            f"{fn}: a sequence of {max(lengths)} tokens is longer than the max_seqlen "
-            f"given for {name} ({max_len})"
-        )
-    return offsets
-
-
 def _group(H: int, Hkv: int) -> int:
     """Query heads per key/value head (0 when there are no heads at all)."""
     return H // Hkv if Hkv else 0
 
-
-def _zeros_on_graph(x: torch.Tensor, width: int) -> torch.Tensor:
-    """Zeros ``(*x.shape[:-1], width)`` that autograd sees as a function of ``x`` with
-    zero gradient (a ``where`` that never picks ``x``: NaN-safe), so that a backward
-    pass through an output made only of them gives zeros instead of failing."""
-    never = torch.zeros((), dtype=torch.bool, device=x.device)
-    rows = torch.where(never, x.sum(-1, keepdim=True), 0.0)
-    return rows.expand(*x.shape[:-1], width)
-
-
-def flash_attention_varlen(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    cu_seqlens_k: torch.Tensor,
-    max_seqlen_q: int,
-    max_seqlen_k: int,
-    *,
-    is_causal: bool = False,
-    scale: float | None = None,
-    window_size: tuple[int, int] = (-1, -1),
-    alibi_slopes: torch.Tensor | None = None,
-    softcap: float = 0.0,
-    backend: str = "auto",
-    return_backend: bool = False,
-):
-    """Attention over packed sequences of different lengths, FlashAttention-2's
-    ``flash_attn_varlen_func``: no padding, and no token attends across a boundary.
-
-    ``q (total_q, H, E)`` holds the queries of every sequence one after the other,
-    sequence ``b`` in rows ``cu_seqlens_q[b]:cu_seqlens_q[b + 1]``; ``k, v (total_k,
-    Hkv, E|Ev)`` likewise with ``cu_seqlens_k`` (int32 offsets starting at 0).
-    ``max_seqlen_q`` and ``max_seqlen_k`` bound the lengths (the Triton grid is sized by
-    them). Each sequence is attended as :func:`flash_attention` would attend it alone:
-    causal masks and windows aligned bottom-right per sequence, ALiBi slopes ``(H,)`` or
-    ``(B, H)``, ``softcap``. Returns ``(total_q, H, Ev)``, differentiable (to any order,
-    as :func:`flash_attention`).
-    """
-    fn = "flash_attention_varlen"
-    if not all(isinstance(t, torch.Tensor) and t.dim() == 3 for t in (q, k, v)):
-        raise ValueError(
-            f"{fn}: q, k, v must be packed (total, heads, head_dim), "
-            f"got {[tuple(getattr(t, 'shape', ())) for t in (q, k, v)]}"
-        )
-    check_qkv(fn, *(t.transpose(0, 1) for t in (q, k, v)))
-    if q.shape[1] % k.shape[1]:
-        raise ValueError(
-            f"{fn}: q's {q.shape[1]} heads are not a multiple of k's {k.shape[1]}: q "
-            f"{tuple(q.shape)}, k {tuple(k.shape)}"
-        )
-    max_seqlen_q = _check_int(fn, "max_seqlen_q", max_seqlen_q, 0)
-    max_seqlen_k = _check_int(fn, "max_seqlen_k", max_seqlen_k, 0)
-    is_causal = _check_flag(fn, "is_causal", is_causal)
-    scale = _check_scale(fn, scale)
-    _check_head_dim(fn, q, scale)
-    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if isinstance(cu, torch.Tensor) and cu.device != q.device:
-            raise ValueError(
-                f"{fn}: {name} must be on q's device {q.device}, got {cu.device}"
-            )
-    starts_q = _check_cu_seqlens(
-        "flash_attention_varlen", "cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q
-    )
-    starts_k = _check_cu_seqlens(
-        "flash_attention_varlen", "cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k
-    )
-    if len(starts_q) != len(starts_k):
-        raise ValueError(
-            "flash_attention_varlen: cu_seqlens_q and cu_seqlens_k must describe as "
-            f"many sequences, got {len(starts_q) - 1} and {len(starts_k) - 1}"
-        )
-    n_seq = len(starts_q) - 1
-    window, slopes, softcap = check_attention_options(
-        "flash_attention_varlen",
-        q.new_empty(n_seq, q.shape[1], 0, 0),
-        window_size,
-        alibi_slopes,
-        softcap,
-    )
-    chosen = _select_backend(fn, q.unsqueeze(0), backend, v)
-    if chosen == "triton":
-        out = _VarlenFlash.apply(
-            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-            bool(is_causal), scale, window, slopes, softcap,
-        )  # fmt: skip
-        return (out, chosen) if return_backend else out
-    outs = []
-    for b in range(n_seq):  # the reference: each sequence on its own
-        L_b, S_b = starts_q[b + 1] - starts_q[b], starts_k[b + 1] - starts_k[b]
-        if L_b == 0 or S_b == 0:  # no query, or nothing to see: zeros
-            outs.append(_zeros_on_graph(q[starts_q[b] : starts_q[b + 1]], v.shape[-1]))
-            continue
-        qb, kb, vb = (
-            t[lo:hi].transpose(0, 1).unsqueeze(0)
-            for t, lo, hi in (
-                (q, starts_q[b], starts_q[b + 1]),
-                (k, starts_k[b], starts_k[b + 1]),
-                (v, starts_k[b], starts_k[b + 1]),
-            )
-        )
-        out = flash_attention(
-            qb, kb, vb, is_causal=is_causal, scale=scale, window_size=window,
-            alibi_slopes=None if slopes is None else slopes[b : b + 1],
-            softcap=softcap, backend="torch",
-        )  # fmt: skip
-        outs.append(out[0].transpose(0, 1))
-    out = torch.cat(outs) if outs else q.new_empty(0, q.shape[1], v.shape[-1])
-    return (out, chosen) if return_backend else out
-
-
-class _VarlenFlash(torch.autograd.Function):
-    """Autograd wrapper of the Triton varlen kernels."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, *fused):
-        from .kernels.flash_triton import varlen_forward
-
-        window, slopes, softcap = fused
-        options = {"window_size": window, "alibi_slopes": slopes, "softcap": softcap}
-        out, lse = varlen_forward(
-            q, k, v, cu_q, cu_k, max_q, max_k,
-            is_causal=is_causal, scale=scale, **options,
-        )  # fmt: skip
-        ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
-        ctx.sizes, ctx.is_causal, ctx.scale = (max_q, max_k), is_causal, scale
-        ctx.options = options
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        from .kernels.flash_triton import varlen_backward
-
-        q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: differentiable gradients
-
-            def forward(q, k, v):
-                return flash_attention_varlen(
-                    q, k, v, cu_q, cu_k, *ctx.sizes, is_causal=ctx.is_causal,
-                    scale=ctx.scale, backend="torch", **ctx.options,
-                )  # fmt: skip
-
-            grads = _differentiable_backward(
-                forward, (q, k, v), grad_out, ctx.needs_input_grad[:3]
-            )
-            return *grads, *([None] * 9)
-        dq, dk, dv = varlen_backward(
-            q, k, v, out, lse, grad_out, cu_q, cu_k, *ctx.sizes,
-            is_causal=ctx.is_causal, scale=ctx.scale, **ctx.options,
-        )  # fmt: skip
-        return dq, dk, dv, *([None] * 9)
-
-
-class _BlockSparseFlash(torch.autograd.Function):
-    """Autograd wrapper of the Triton block-sparse kernels: saves ``(q, k, v, out,
-    lse)`` and the mask; the backward visits the same active tiles."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, block_mask, block_size, is_causal, scale):
-        from .kernels.flash_triton import block_sparse_forward
-
-        out, lse = block_sparse_forward(
-            q, k, v, block_mask, block_size,
-            is_causal=is_causal, scale=scale, return_lse=True,
-        )  # fmt: skip
-        ctx.save_for_backward(q, k, v, out, lse, block_mask)
-        ctx.block_size, ctx.is_causal, ctx.scale = block_size, is_causal, scale
-        return out
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        from .kernels.flash_triton import block_sparse_backward
-        from .sparse import block_sparse_attention
-
-        q, k, v, out, lse, block_mask = ctx.saved_tensors
-        if torch.is_grad_enabled():  # create_graph=True: differentiable gradients
-
-            def forward(q, k, v):
-                return block_sparse_attention(
-                    q, k, v, block_mask, ctx.block_size, is_causal=ctx.is_causal,
-                    scale=ctx.scale,
-                )  # fmt: skip
-
-            grads = _differentiable_backward(
-                forward, (q, k, v), grad_out, ctx.needs_input_grad[:3]
-            )
-            return *grads, None, None, None, None
-        dq, dk, dv = block_sparse_backward(
-            q, k, v, out, lse, grad_out, block_mask, ctx.block_size,
-            is_causal=ctx.is_causal, scale=ctx.scale,
-        )  # fmt: skip
-        return dq, dk, dv, None, None, None, None
-
-
-def block_sparse_flash_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    block_mask: torch.Tensor,
-    block_size: int,
-    *,
-    is_causal: bool = False,
-    scale: float | None = None,
-    backend: str = "auto",
-    return_backend: bool = False,
-):
-    """Attention restricted to the active tiles of a block mask, differentiable on
-    both backends.
-
-    Equal to :func:`attnbook.sparse.block_sparse_attention` (which the ``"torch"``
-    backend calls); the ``"triton"`` backend runs
-    :func:`attnbook.kernels.flash_triton.block_sparse_forward`, which visits only the
-    active key blocks of each query block, and its backward
-    :func:`~attnbook.kernels.flash_triton.block_sparse_backward`, which visits the
-    same tiles. ``block_mask (ceil(L / b), ceil(S / b))`` bool, ``b = block_size``.
-    With ``return_backend=True`` it returns ``(out, backend)``. Differentiable to any
-    order (a backward pass with ``create_graph=True`` differentiates the PyTorch path).
-    """
-    from .sparse import block_sparse_attention
-
-    fn = "block_sparse_flash_attention"
-    check_qkv(fn, q, k, v)
-    block_size = _check_int(fn, "block_size", block_size)
-    is_causal = _check_flag(fn, "is_causal", is_causal)
-    scale = _check_scale(fn, scale)
-    _check_head_dim(fn, q, scale)
-    L, S = q.shape[-2], k.shape[-2]
-    check_block_mask(fn, block_mask, L, S, block_size)
-    rank = max(q.dim(), k.dim())
-    q4, k4, v4, batch = _as_4d(q, k, v)
-    chosen = _select_backend(fn, q4, backend, v4, "block_sparse", block_size)
-    if L == 0 or S == 0:  # no tile at all: empty, or zeros (no key to see)
-        out = flash_attention(q4, k4, v4, scale=scale, backend="torch")
-    elif chosen == "triton":
-        out = _BlockSparseFlash.apply(
-            q4, k4, v4, block_mask, block_size, bool(is_causal), scale
-        )
-    else:
-        out = block_sparse_attention(
-            q4, k4, v4, block_mask, block_size, is_causal=is_causal, scale=scale
-        )
-    out = _from_4d(out, batch, rank)
-    return (out, chosen) if return_backend else out
 
 
 # --------------------------------------------------------------------------------------

@@ -24,9 +24,11 @@ the order the chapter tells them:
 * :class:`PagedKVCache`: a pool of fixed-size blocks with one block table per sequence
   (PagedAttention, Kwon et al., 2023);
 * :func:`split_kv_attention`: split-KV ("flash-decoding") attention for one query token
-  per sequence, in PyTorch, the reference of the Triton kernel in
-  :mod:`attnbook.kernels.decode`; :func:`decode_attention` picks the kernel on CUDA and
-  this reference elsewhere.
+  per sequence, in PyTorch, the reference of the Triton kernel
+  :func:`attnbook.kernels.decode.split_kv_forward`;
+  :func:`attnbook.attend.decode_attention` (also given here, as
+  ``attnbook.kvcache.decode_attention``) picks the kernel on CUDA and this reference
+  elsewhere.
 
 Grouped-query attention (Ainslie et al., 2023) and multi-query attention (Shazeer, 2019)
 shrink the cache by storing ``n_kv_heads < n_heads`` key/value heads; every cache here
@@ -35,6 +37,7 @@ stores ``n_kv_heads``.
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import torch
@@ -43,7 +46,6 @@ from torch import nn
 from .contract import (
     check_cache_update,
     check_decode,
-    check_flag,
     check_float,
     check_int,
     check_real,
@@ -69,8 +71,20 @@ __all__ = [
     "run_segments",
     "PagedKVCache",
     "split_kv_attention",
-    "decode_attention",
 ]
+
+
+def __getattr__(name: str):
+    """``attnbook.kvcache.decode_attention``, the entry point that picks the decoding
+    backend: it lives in :mod:`attnbook.attend` (which builds on this module, so this
+    module does not import it) and is looked up there when first asked for."""
+    if name == "decode_attention":
+        return importlib.import_module("attnbook.attend").decode_attention
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | {"decode_attention"})
 
 
 class CacheFullError(ValueError):
@@ -1019,61 +1033,3 @@ def split_kv_attention(
     for s in range(1, num_splits):
         out, total = merge_partials(out, total, o[..., s, :], lse[..., s])
     return out.unsqueeze(2).to(q.dtype)
-
-
-def decode_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    cache_seqlens: torch.Tensor,
-    *,
-    num_splits: int | None = None,
-    scale: float | None = None,
-    backend: str = "auto",
-    return_backend: bool = False,
-):
-    """Split-KV decoding: the Triton kernel
-    (:func:`attnbook.kernels.decode.decode_attention`) when ``backend="triton"`` or,
-    with ``"auto"``, when the tensors are on a CUDA GPU that can run it
-    (:func:`attnbook.kernels.plan`); :func:`split_kv_attention` (``backend="torch"``)
-    otherwise. Shapes as in :func:`split_kv_attention`. With ``return_backend=True``
-    it returns ``(out, backend)``, the backend that ran. ``backend="triton"`` on a
-    CPU tensor needs Triton's interpreter (``TRITON_INTERPRET=1`` set before the
-    kernels are first imported); without it, or without Triton, a ``RuntimeError``
-    says what is missing (``attnbook.kernels.triton_missing``).
-    """
-    fn = "decode_attention"
-    if backend not in ("auto", "triton", "torch"):
-        raise ValueError(
-            f"{fn}: backend must be 'auto', 'triton' or 'torch', got {backend!r}"
-        )
-    return_backend = check_flag(fn, "return_backend", return_backend)
-    _check_split_kv(fn, q, k_cache, v_cache, cache_seqlens, num_splits, scale)
-    if backend == "auto":
-        from .kernels import plan_for
-
-        backend = plan_for("decode", q, v_cache)[0]
-    if backend == "triton":
-        from .kernels import triton_missing
-
-        missing = triton_missing(q, "attnbook.kernels.decode", "_split_kernel")
-        if missing is not None:  # before Triton's own "0 active drivers"
-            raise RuntimeError(
-                f"{fn}: backend='triton' needs {missing}. Or use backend='torch' "
-                "(split_kv_attention) or backend='auto'."
-            )
-        from .kernels.decode import decode_attention as triton_decode_attention
-
-        out = triton_decode_attention(
-            q, k_cache, v_cache, cache_seqlens, num_splits=num_splits, scale=scale
-        )
-    else:
-        out = split_kv_attention(
-            q,
-            k_cache,
-            v_cache,
-            cache_seqlens,
-            num_splits=4 if num_splits is None else num_splits,
-            scale=scale,
-        )
-    return (out, backend) if return_backend else out

@@ -14,7 +14,6 @@ from attnbook.kvcache import (
     StaticKVCache,
     compress_memories,
     decode_arithmetic_intensity,
-    decode_attention,
     kv_cache_bytes,
     model_cache_table,
     run_segments,
@@ -47,10 +46,6 @@ def _paged():
 
 def _split(**kw):
     return split_kv_attention(_Q, _KC, _VC, _LENS, **kw)
-
-
-def _decode(**kw):
-    return decode_attention(_Q, _KC, _VC, _LENS, backend="torch", **kw)
 
 
 _L = RelativeSegmentAttention(8, 2)
@@ -214,22 +209,6 @@ ROWS = [
          lambda t: t.shape == (2, 2, 1, 4) and not t.any()),
     Edge("split_kv_attention", "empty",
          lambda: split_kv_attention(_Q[:0], _KC[:0], _VC[:0], _LENS[:0]), lambda t: t.shape == (0, 2, 1, 4)),
-    # decode_attention
-    Bad("decode_attention", "integer-dtype", lambda: decode_attention(_Q.int(), _KC.int(), _VC.int(), _LENS),
-        ("decode_attention", "q")),
-    Bad("decode_attention", "zero", lambda: _decode(num_splits=0), ("decode_attention", "num_splits")),
-    Bad("decode_attention", "negative", lambda: _decode(num_splits=-1), ("decode_attention", "num_splits")),
-    Bad("decode_attention", "non-integer", lambda: _decode(num_splits=1.5), ("decode_attention", "num_splits")),
-    Bad("decode_attention", "nan", lambda: _decode(scale=float("nan")), ("decode_attention", "scale")),
-    Bad("decode_attention", "wrong-type", lambda: _decode(backend="cuda"), ("decode_attention", "backend")),
-    Bad("decode_attention", "boolean", lambda: _decode(return_backend="yes"), ("decode_attention", "return_backend")),
-    Bad("decode_attention", "out-of-range", lambda: decode_attention(_Q, _KC, _VC, torch.tensor([9, 1])),
-        ("decode_attention", "cache_seqlens")),
-    Bad("decode_attention", "zero", lambda: decode_attention(_Q, _KC[:, :0], _VC[:, :0], _LENS),
-        ("decode_attention", "k_cache", "kv_heads", "(2, 0, 8, 4)")),
-    Bad("decode_attention", "zero", lambda: decode_attention(_Q, _KC[:, :0], _VC[:, :0], _LENS, backend="triton"),
-        ("decode_attention", "k_cache", "kv_heads")),
-    # CacheFullError is an exception class
 ]
 
 EXEMPT = {

@@ -23,10 +23,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.bias import causal_lower_right
 
-from attnbook import core, flash, kvcache, linear, positional, sparse
+from attnbook import attend, core, flash, kvcache, linear, positional, sparse
 
 MODULES = ["core", "complexity", "positional", "models", "sparse", "linear", "kvcache",
-           "flash", "rnn", "vision", "graph", "connections", "kernels", "kernels.decode",
+           "flash", "attend", "rnn", "vision", "graph", "connections", "kernels", "kernels.decode",
            "kernels.flash_triton", "flex"]
 
 
@@ -100,13 +100,13 @@ CASES: dict[str, Case] = {
     "core.hard_attention": Case(
         lambda q, k, v, is_causal, scale, attn_mask, like: core.hard_attention(q, k, v, attn_mask, scale=scale),
         reference="hard", causal=False, mask=True),
-    "flash.flash_attention": Case(_flags_only(flash.flash_attention)),
+    "attend.flash_attention": Case(_flags_only(attend.flash_attention)),
     "flex.flex_reference": Case(_flex_reference),
     "flash.tiled_attention_forward": Case(
         lambda q, k, v, is_causal, scale, attn_mask, like: flash.tiled_attention_forward(
             q, k, v, is_causal=is_causal, scale=scale, block_q=3, block_k=2)[0]),
-    "flash.block_sparse_flash_attention": Case(
-        lambda q, k, v, is_causal, scale, attn_mask, like: flash.block_sparse_flash_attention(
+    "attend.block_sparse_flash_attention": Case(
+        lambda q, k, v, is_causal, scale, attn_mask, like: attend.block_sparse_flash_attention(
             q, k, v, _full_blocks(like), 4, is_causal=is_causal, scale=scale)),
     "sparse.block_sparse_attention": Case(
         lambda q, k, v, is_causal, scale, attn_mask, like: sparse.block_sparse_attention(
@@ -142,7 +142,7 @@ CASES: dict[str, Case] = {
         reference="performer", scale=False),
     "graph.message_passing_attention": Case(_message_passing, self_only=True),
     "kvcache.split_kv_attention": Case(_split_kv(kvcache.split_kv_attention), causal=False, decode=True),
-    "kvcache.decode_attention": Case(_split_kv(kvcache.decode_attention), causal=False, decode=True),
+    "attend.decode_attention": Case(_split_kv(attend.decode_attention), causal=False, decode=True),
 }
 
 # Entry points that take q, k, v but are not a forward attention: they keep their own
@@ -153,7 +153,7 @@ NOT_FORWARD = {
     "kernels.flash_triton.block_sparse_backward": "the Triton block-sparse backward pass; "
                                                   "tests/test_kernels_flash.py",
     "linear.linear_attention_step": "one recurrent step; tests/test_linear.py runs it step by step",
-    "flash.flash_attention_varlen": "packed (total, H, E) sequences with cu_seqlens; tests/test_flash.py "
+    "attend.flash_attention_varlen": "packed (total, H, E) sequences with cu_seqlens; tests/test_flash.py "
                                     "checks it against each sequence alone and its bad inputs",
     "kernels.flash_triton.varlen_forward": "the Triton kernels of flash_attention_varlen; "
                                            "tests/test_kernels_flash.py",
@@ -163,7 +163,7 @@ NOT_FORWARD = {
 }
 KERNELS = {  # Triton under the CPU interpreter: slow, so one small 4-D case each
     "kernels.flash_triton.flash_forward", "kernels.flash_triton.block_sparse_forward",
-    "kernels.decode.decode_attention",
+    "kernels.decode.split_kv_forward",
 }
 
 
@@ -261,7 +261,7 @@ def test_entry_point_equals_its_reference(name, shape):
         variants.append((False, None, torch.rand(q.shape[-2], k.shape[-2], generator=gen) < 0.7))
     for is_causal, scale, mask in variants:
         got = case.call(q, k, v, is_causal, scale, mask, (q, k, v))
-        if name.startswith("kvcache."):
+        if case.decode:
             expected = _sdpa(q[..., -1:, :], k, v, False, scale, None)
         elif case.reference == "sdpa":
             expected = _sdpa(q, k, v, is_causal, scale, mask)
@@ -276,7 +276,7 @@ def test_entry_point_equals_its_reference(name, shape):
             continue
         what = f"{name} shape={shape} is_causal={is_causal} scale={scale} mask={mask is not None}"
         assert got.shape == expected.shape, f"{what}: shape {tuple(got.shape)} != {tuple(expected.shape)}"
-        tol = 1e-5 if name.startswith("kvcache.") else 1e-9  # split-KV runs its splits in fp32
+        tol = 1e-5 if case.decode else 1e-9  # split-KV runs its splits in fp32
         torch.testing.assert_close(got, expected, atol=tol, rtol=tol, msg=lambda m: f"{what}: {m}")
 
 
@@ -315,7 +315,7 @@ BATTERY = sorted(set(CASES) | set(NOT_FORWARD) - {"kernels.flash_triton.flash_ba
                                                    "kernels.flash_triton.block_sparse_backward",
                                                    "linear.linear_attention_step",
                                                    # packed layouts: their own bad-input tests
-                                                   "flash.flash_attention_varlen",
+                                                   "attend.flash_attention_varlen",
                                                    "kernels.flash_triton.varlen_forward",
                                                    "kernels.flash_triton.varlen_backward"})
 
@@ -324,7 +324,7 @@ BATTERY = sorted(set(CASES) | set(NOT_FORWARD) - {"kernels.flash_triton.flash_ba
     "name, bad",
     # a cache's K and V lengths are checked together: see test_decode_rejects_bad_caches
     [(name, bad) for name in BATTERY for bad in sorted(BAD_INPUTS)
-     if not (name.startswith("kvcache.") and bad == "k and v lengths differ")],
+     if not (name in CASES and CASES[name].decode and bad == "k and v lengths differ")],
 )
 def test_bad_inputs_raise_a_clear_error(name, bad):
     breaker, error, word = BAD_INPUTS[bad]
@@ -347,9 +347,9 @@ def test_bad_masks_raise_a_clear_error(name):
             CASES[name].call(q, k, v, False, None, mask, (q, k, v))
 
 
-@pytest.mark.parametrize("name", ["kvcache.split_kv_attention", "kvcache.decode_attention"])
+@pytest.mark.parametrize("name", ["kvcache.split_kv_attention", "attend.decode_attention"])
 def test_decode_rejects_bad_caches(name):
-    fn = kvcache.split_kv_attention if name.endswith("split_kv_attention") else kvcache.decode_attention
+    fn = kvcache.split_kv_attention if name.endswith("split_kv_attention") else attend.decode_attention
     q, k, v = _good(torch.Generator().manual_seed(2))
     one = q[..., -1:, :]
     lengths = torch.tensor([5, 5])

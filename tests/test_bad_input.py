@@ -29,7 +29,7 @@ import pytest
 
 MODULES = [
     "contract", "masks", "primitives", "layers", "caches", "generation", "core", "complexity", "data", "utils", "viz", "widgets", "train", "models",
-    "transformer", "positional", "sparse", "linear", "kvcache", "serving", "flash", "flex",
+    "transformer", "positional", "sparse", "linear", "kvcache", "serving", "flash", "attend", "flex",
     "distributed", "rnn", "vision", "graph", "connections", "kernels", "kernels.flash_triton",
     "kernels.decode", "kernels.compile", "kernels.tuning", "kernels.variants", "kernels.lab",
 ]  # fmt: skip

@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from attnbook import connections, core, flash, flex, graph, kvcache, linear, positional, rnn, sparse, vision
+from attnbook import attend, connections, core, flash, flex, graph, kvcache, linear, positional, rnn, sparse, vision
 
 import oracle  # tests/oracle.py
 from test_api import _entry_points
@@ -384,7 +384,7 @@ def _varlen_draw(data, small):
 
 
 def _varlen_call(q, k, v, p):
-    return flash.flash_attention_varlen(q, k, v, p["cu_q"], p["cu_k"], p["max_q"], p["max_k"], backend="torch",
+    return attend.flash_attention_varlen(q, k, v, p["cu_q"], p["cu_k"], p["max_q"], p["max_k"], backend="torch",
                                         **_flash_kwargs(p))
 
 
@@ -692,8 +692,8 @@ CASES: dict[str, Case] = {
         lambda q, k, v, p: core.hard_attention(q, k, v, p["attn_mask"], scale=p["scale"]),
         lambda q, k, v, p: oracle.hard_attention(q, k, v, attn_mask=p["attn_mask"], scale=p["scale"]),
         half=False, note="argmax: rounding to a half type can flip near-ties, so no low-precision check"),
-    "flash.flash_attention": Case(
-        _flash_params, lambda q, k, v, p: flash.flash_attention(q, k, v, backend="torch", **_flash_kwargs(p)),
+    "attend.flash_attention": Case(
+        _flash_params, lambda q, k, v, p: attend.flash_attention(q, k, v, backend="torch", **_flash_kwargs(p)),
         _flash_oracle, gradgrad=True),
     "flash.tiled_attention_forward": Case(
         _tiled_params,
@@ -704,11 +704,11 @@ CASES: dict[str, Case] = {
         _tiled_backward_params, _tiled_backward_call, _tiled_backward_oracle,
         shapes={"four_d": True, "heads": [(1, 1), (2, 2), (2, 1), (4, 2), (3, 1)]},
         grad="a backward pass: its outputs are compared with the oracle's autograd gradients"),
-    "flash.flash_attention_varlen": Case(None, _varlen_call, _varlen_oracle, draw=_varlen_draw, gradgrad=True),
-    "flash.block_sparse_flash_attention": Case(
+    "attend.flash_attention_varlen": Case(None, _varlen_call, _varlen_oracle, draw=_varlen_draw, gradgrad=True),
+    "attend.block_sparse_flash_attention": Case(
         _block_params,
-        lambda q, k, v, p: flash.block_sparse_flash_attention(q, k, v, p["block_mask"], p["block_size"],
-                                                              backend="torch", **_block_kwargs(p)),
+        lambda q, k, v, p: attend.block_sparse_flash_attention(q, k, v, p["block_mask"], p["block_size"],
+                                                               backend="torch", **_block_kwargs(p)),
         _block_oracle, gradgrad=True),
     "sparse.block_sparse_attention": Case(
         _block_params,
@@ -732,10 +732,10 @@ CASES: dict[str, Case] = {
         _decode_oracle, draw=_decode_draw, tol=2e-5,
         grad="its splits run in float32 (documented), so float64 finite differences cannot check it; "
              "test_api and test_kvcache check its values", note="float32 splits: 2e-5"),
-    "kvcache.decode_attention": Case(
+    "attend.decode_attention": Case(
         None,
-        lambda q, k, v, p: kvcache.decode_attention(q, k, v, p["lengths"], num_splits=p["num_splits"],
-                                                    scale=p["scale"], backend="torch"),
+        lambda q, k, v, p: attend.decode_attention(q, k, v, p["lengths"], num_splits=p["num_splits"],
+                                                   scale=p["scale"], backend="torch"),
         _decode_oracle, draw=_decode_draw, tol=2e-5, grad="float32 splits, as split_kv_attention"),
     "linear.linear_attention": Case(
         _linear_params,
@@ -788,7 +788,7 @@ KERNEL_CASES = {
     "kernels.flash_triton.flash_forward", "kernels.flash_triton.flash_backward",
     "kernels.flash_triton.block_sparse_forward", "kernels.flash_triton.block_sparse_backward",
     "kernels.flash_triton.varlen_forward", "kernels.flash_triton.varlen_backward",
-    "kernels.decode.decode_attention",
+    "kernels.decode.split_kv_forward",
 }
 
 
@@ -1679,7 +1679,7 @@ def test_kernel_decode_attention(dtype, data):
     (q, k, v), p = _decode_draw(data, False)
     q, k, v = (t.to(dtype).double() for t in (q, k, v))
     num_splits = data.draw(st.one_of(st.none(), st.integers(1, 8)), label="num_splits")
-    got = decode.decode_attention(*_on_gpu(dtype, q, k, v), p["lengths"].cuda(), num_splits=num_splits,
+    got = decode.split_kv_forward(*_on_gpu(dtype, q, k, v), p["lengths"].cuda(), num_splits=num_splits,
                                   scale=p["scale"])
     assert_kernel_close(got, _decode_oracle(q, k, v, p), kernel_tol(dtype), f"decode_attention {dtype}")
 
@@ -1723,12 +1723,12 @@ def test_varlen_without_keys_is_differentiable():
     q = torch.randn(2, 1, 4, dtype=torch.float64, requires_grad=True)
     k = torch.randn(0, 1, 4, dtype=torch.float64, requires_grad=True)
     v = torch.randn(0, 1, 3, dtype=torch.float64, requires_grad=True)
-    dense = flash.flash_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), backend="torch")
+    dense = attend.flash_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), backend="torch")
     dense.sum().backward()  # the dense entry point: zero gradients
     assert (q.grad == 0).all()
     q.grad = None
     cu_q, cu_k = torch.tensor([0, 2], dtype=torch.int32), torch.tensor([0, 0], dtype=torch.int32)
-    out = flash.flash_attention_varlen(q, k, v, cu_q, cu_k, 2, 0, backend="torch")
+    out = attend.flash_attention_varlen(q, k, v, cu_q, cu_k, 2, 0, backend="torch")
     assert (out == 0).all()
     out.sum().backward()
     assert (q.grad == 0).all()

@@ -186,7 +186,7 @@ def test_backend_selection_and_clear_errors(gen, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(RuntimeError, match="backend='triton' needs"):
         flash_attention(q, q, q, backend="triton")
-    monkeypatch.setattr("attnbook.flash._triton_importable", lambda: False)
+    monkeypatch.setattr("attnbook.kernels._triton_version", lambda: None)
     with pytest.raises(RuntimeError, match="triton package"):
         select_backend(q, "triton")
 
@@ -640,9 +640,9 @@ def test_empty_sequences_give_the_documented_results(gen):
 def test_triton_without_a_gpu_or_the_interpreter_says_how_to_get_one(monkeypatch):
     """No GPU and no TRITON_INTERPRET: a clear error naming the function, how to get the
     interpreter, and backend='torch' (not Triton's raw '0 active drivers')."""
-    from attnbook import flash
+    from attnbook import kernels
 
-    monkeypatch.setattr(flash, "_triton_importable", lambda: True)
+    monkeypatch.setattr(kernels, "_triton_version", lambda: "3.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     q = torch.zeros(1, 2, 16, 16)

@@ -23,7 +23,7 @@ if os.environ["TRITON_INTERPRET"] != "1":  # pragma: no cover - only when a GPU 
     pytest.skip("these tests exercise the CPU interpreter", allow_module_level=True)
 
 from attnbook.core import scaled_dot_product_attention  # noqa: E402
-from attnbook.flash import block_sparse_flash_attention, flash_attention  # noqa: E402
+from attnbook.attend import block_sparse_flash_attention, flash_attention  # noqa: E402
 from attnbook.kernels.flash_triton import block_sparse_forward, flash_forward  # noqa: E402
 from attnbook.sparse import bigbird_block_mask, block_sparse_attention, sliding_window_mask  # noqa: E402
 
@@ -130,17 +130,24 @@ def test_block_sparse_kernel_skips_inactive_blocks(gen):
 
 
 def test_unsupported_inputs_raise_clear_errors(gen):
+    """What the kernels cannot take is refused once, by the entry point that would launch
+    them (attnbook.attend), naming itself: the launchers trust their inputs."""
     q, k, v = _inputs(gen, 17, 17, 16)
-    with pytest.raises(ValueError, match="bfloat16"):
-        flash_forward(q.bfloat16(), k.bfloat16(), v.bfloat16())
-    with pytest.raises(ValueError, match="head_dim of q .* at most 256"):
-        flash_forward(*_inputs(gen, 17, 17, 264))
+    triton = dict(backend="triton")
+    with pytest.raises(ValueError, match="flash_attention: bfloat16"):
+        flash_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), **triton)
+    with pytest.raises(ValueError, match="flash_attention: backend='triton' takes .*float64"):
+        flash_attention(q.double(), k.double(), v.double(), **triton)
+    with pytest.raises(ValueError, match="flash_attention: the head_dim of q .* at most 256"):
+        flash_attention(*_inputs(gen, 17, 17, 264), **triton)
     with pytest.raises(ValueError, match="head_dim of v"):
-        flash_forward(*_inputs(gen, 17, 17, 16, Ev=300))
-    with pytest.raises(ValueError, match="block_size"):
-        block_sparse_forward(q, k, v, torch.ones(2, 2, dtype=torch.bool), 12)
-    with pytest.raises(ValueError, match="block_mask"):
-        block_sparse_forward(q, k, v, torch.ones(3, 3, dtype=torch.bool), 16)
+        flash_attention(*_inputs(gen, 17, 17, 16, Ev=300), **triton)
+    with pytest.raises(ValueError, match="block_sparse_flash_attention: block_size must be a power of two"):
+        block_sparse_flash_attention(q, k, v, torch.ones(2, 2, dtype=torch.bool), 12, **triton)
+    with pytest.raises(ValueError, match="block_sparse_flash_attention: block_mask"):
+        block_sparse_flash_attention(q, k, v, torch.ones(3, 3, dtype=torch.bool), 16, **triton)
+    assert block_sparse_flash_attention(q, k, v, torch.ones(2, 2, dtype=torch.bool), 12,
+                                        return_backend=True)[1] == "torch"  # "auto" never picks it
 
 
 def test_inputs_in_the_hugging_face_layout_are_read_where_they_lie(gen, monkeypatch):
@@ -336,7 +343,7 @@ def test_the_kernel_never_loads_tiles_outside_the_window(gen):
 
 
 def test_packed_sequences_in_the_kernels_equal_each_sequence_alone(gen):
-    from attnbook.flash import flash_attention_varlen
+    from attnbook.attend import flash_attention_varlen
 
     lengths_q, lengths_k = [17, 1, 40, 0, 33], [17, 5, 40, 9, 20]
     H, H_kv, E = 4, 2, 24

@@ -32,13 +32,17 @@ import torch
 import triton
 import triton.language as tl
 
-from ..contract import check_decode, check_int, check_real, check_sizes
-from . import triton_missing
+from ..contract import check_int, check_sizes
 from ._compat import mend_interpreter
 
 mend_interpreter()  # older Triton interpreters and NumPy 2.5: see _compat
 
-__all__ = ["MAX_HEAD_DIM", "decode_attention", "default_num_splits", "variants"]
+__all__ = [
+    "MAX_HEAD_DIM",
+    "split_kv_forward",
+    "default_num_splits",
+    "variants",
+]
 
 BLOCK_N = 32  # keys per split at least (and per tile, for head dims up to 64)
 MERGE_CHUNK = 16  # splits the merge kernel adds up at a time
@@ -236,7 +240,7 @@ def _tile_n(block_d: int) -> int:
 
 
 def variants(dtype: torch.dtype, head_dim: int, v_dim: int | None = None) -> list:
-    """The compiled forms :func:`decode_attention` launches on a GPU for ``dtype``,
+    """The compiled forms :func:`split_kv_forward` launches on a GPU for ``dtype``,
     ``head_dim`` and value width ``v_dim`` (default ``head_dim``): the split kernel
     and the merge kernel (one per ``BLOCK_S`` in ``MERGE_BLOCKS``), as
     :class:`attnbook.kernels.variants.Variant`."""
@@ -283,34 +287,7 @@ def variants(dtype: torch.dtype, head_dim: int, v_dim: int | None = None) -> lis
     return found
 
 
-def _check_decode_kernel(q, k_cache, v_cache, cache_seqlens, num_splits, scale):
-    """The contract's decode checks, then the kernel's limits: head dims up to
-    ``MAX_HEAD_DIM``, ``num_splits`` None or in ``[1, MAX_SPLITS]``, ``scale`` None
-    or finite, and a CUDA tensor or Triton's interpreter to run on."""
-    fn = "decode_attention"
-    check_decode(fn, q, k_cache, v_cache, cache_seqlens)
-    for name, t in (("q", q), ("v_cache", v_cache)):
-        if not 1 <= t.shape[-1] <= MAX_HEAD_DIM:
-            raise ValueError(
-                f"{fn}: the head_dim of {name} {tuple(t.shape)} must be "
-                f"at most {MAX_HEAD_DIM} for the Triton kernel, got {t.shape[-1]}"
-            )
-    if num_splits is not None and check_int(fn, "num_splits", num_splits) > MAX_SPLITS:
-        raise ValueError(
-            f"{fn}: num_splits must be between 1 and {MAX_SPLITS} (the merge kernel "
-            f"reads every split in one tile), got {num_splits}"
-        )
-    if scale is not None:
-        check_real(fn, "scale", scale)
-    missing = triton_missing(q, __name__, "_split_kernel", installed=True)
-    if missing is not None:  # before Triton's own "0 active drivers"
-        raise RuntimeError(
-            f"{fn}: the Triton kernel needs {missing}. Or use "
-            "attnbook.kvcache.decode_attention(..., backend='torch')."
-        )
-
-
-def decode_attention(
+def split_kv_forward(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -326,13 +303,16 @@ def decode_attention(
 
     Equal to ``softmax(q k^T * scale) v`` (``scale`` default ``1 / sqrt(head_dim)``)
     over each valid prefix: ``(batch, heads, 1, v_dim)``; a sequence of length 0 gets
-    zeros. A CPU tensor needs Triton's interpreter (``TRITON_INTERPRET=1`` before this
-    module is imported): without it a ``RuntimeError`` says so, rather than Triton's
-    "0 active drivers". ``num_splits`` defaults to :func:`default_num_splits`. Two
-    launches: ``_split_kernel`` on a ``(batch * heads, num_splits)`` grid, then
-    ``_merge_kernel`` on ``(batch * heads,)``.
+    zeros. The Triton twin of :func:`attnbook.kvcache.split_kv_attention`.
+    ``num_splits`` defaults to :func:`default_num_splits`. Two launches:
+    ``_split_kernel`` on a ``(batch * heads, num_splits)`` grid, then ``_merge_kernel``
+    on ``(batch * heads,)``.
+
+    A launcher: it trusts its arguments, which
+    :func:`attnbook.attend.decode_attention` (``backend="triton"``) has validated
+    (the contract's decode checks, head dims up to :data:`MAX_HEAD_DIM`, ``num_splits``
+    in ``[1, MAX_SPLITS]`` (128), a CUDA tensor or Triton's interpreter). Call that.
     """
-    _check_decode_kernel(q, k_cache, v_cache, cache_seqlens, num_splits, scale)
     B, H, _, d = q.shape
     dv = v_cache.shape[-1]
     S = k_cache.shape[2]
@@ -384,3 +364,22 @@ def decode_attention(
         MERGE_CHUNK=MERGE_CHUNK,
     )
     return out
+
+
+def __getattr__(name: str):
+    """``decode_attention``, this launcher's name until 0.1: one release with a
+    :class:`DeprecationWarning`, since :func:`attnbook.attend.decode_attention` is the
+    entry point of that name."""
+    if name == "decode_attention":
+        import warnings
+
+        warnings.warn(
+            "attnbook.kernels.decode.decode_attention is now "
+            "attnbook.kernels.decode.split_kv_forward (the Triton twin of "
+            "attnbook.kvcache.split_kv_attention); for the entry point that validates "
+            "and picks a backend, call attnbook.attend.decode_attention",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return split_kv_forward
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -26,6 +26,13 @@ folded into ``log2(e) * scale``. On a GPU the tile configuration is autotuned ov
 :data:`attnbook.kernels.tuning.SPACE`, pruned to what the GPU's generation fits; on CPU
 the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``), in float32 and
 float16 only, with one small tile.
+
+The launchers (:func:`flash_forward`, :func:`flash_backward`, their ``varlen_`` and
+``block_sparse_`` twins) trust their arguments: the entry points of
+:mod:`attnbook.attend` validate them once (the contract, then what these kernels take:
+head dims up to :data:`MAX_HEAD_DIM`, float16, bfloat16 or float32, mask blocks of a
+power of two >= 16) and call them. They check only what depends on the strides they
+are handed: each head's rows must lie within 2^31 elements.
 """
 
 from __future__ import annotations
@@ -38,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..contract import check_attention_options, check_int, check_qkv, check_sizes
+from ..contract import check_sizes
 from . import tuning
 from ._compat import mend_interpreter
 from .tuning import Config, padded_head_dim
@@ -780,63 +787,6 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _check_inputs(fn: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-    """The contract's checks (:func:`attnbook.contract.check_qkv`), then a clear error
-    for inputs these kernels cannot compute correctly."""
-    check_qkv(fn, q, k, v)
-    if (
-        q.dim() != 4
-        or k.dim() != 4
-        or v.dim() != 4
-        or v.shape[:3] != k.shape[:3]
-        or q.shape[0] != k.shape[0]
-        or q.shape[3] != k.shape[3]
-        or q.shape[1] % k.shape[1]
-    ):
-        raise ValueError(
-            f"{fn}: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}: "
-            "expected (B, H, L, E), (B, Hkv, S, E) and (B, Hkv, S, Ev) with H a "
-            "multiple of Hkv"
-        )
-    for name, t in (("q", q), ("v", v)):
-        if not 1 <= t.shape[-1] <= MAX_HEAD_DIM:
-            raise ValueError(
-                f"{fn}: the head_dim of {name} {tuple(t.shape)} must be at most "
-                f"{MAX_HEAD_DIM} for the Triton kernels, got {t.shape[-1]}"
-            )
-    if not (q.dtype == k.dtype == v.dtype) or q.dtype not in (
-        torch.float16,
-        torch.bfloat16,
-        torch.float32,
-    ):
-        raise ValueError(
-            f"{fn}: q, k, v must share a dtype among float16, bfloat16, float32; got "
-            f"{q.dtype}, {k.dtype}, {v.dtype}"
-        )
-    interpreted = _interpreted() and not q.is_cuda
-    if q.dtype == torch.bfloat16 and interpreted:
-        raise ValueError(
-            f"{fn}: bfloat16 is GPU-only: Triton's CPU interpreter computes bf16 dot "
-            "products incorrectly"
-        )
-    if (
-        q.dtype == torch.bfloat16
-        and q.is_cuda
-        and torch.cuda.get_device_capability(q.device) < (8, 0)
-    ):
-        raise ValueError(
-            f"{fn}: bfloat16 needs a GPU of compute capability >= 8.0 (Ampere); "
-            f"{torch.cuda.get_device_name(q.device)} has "
-            f"{torch.cuda.get_device_capability(q.device)}"
-        )
-    if not (q.is_cuda or interpreted):
-        raise RuntimeError(
-            f"{fn}: the Triton kernels need CUDA tensors, or TRITON_INTERPRET=1 for "
-            "CPU tensors"
-        )
-    _check_offsets(fn, q=q, k=k, v=v)
-
-
 def _check_offsets(fn: str, **tensors: torch.Tensor) -> None:
     """Offsets within one head are 32-bit in the kernels (batch and head offsets are
     64-bit): refuse a layout whose rows of one head span 2^31 elements or more."""
@@ -919,23 +869,13 @@ def _launch(kernel: str, fn, grid, args: tuple, meta: dict, configs, key) -> Non
 
 def _block_index(
     block_mask: torch.Tensor,
-    block_size: int,
-    L: int,
-    S: int,
     device: torch.device,
     by_columns: bool = False,
-    fn: str = "block_sparse_forward",
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``block_mask`` as compressed-sparse-row indices ``(row_ptr, col_idx)``: row
-    ``i``'s active key blocks are ``col_idx[row_ptr[i]:row_ptr[i + 1]]``. With
-    ``by_columns``, compressed-sparse-column: each key block's active query blocks."""
-    n_qb, n_kb = triton.cdiv(L, block_size), triton.cdiv(S, block_size)
-    if block_mask.dtype != torch.bool or tuple(block_mask.shape) != (n_qb, n_kb):
-        raise ValueError(
-            f"{fn}: block_mask must be bool of shape {(n_qb, n_kb)} for L={L}, S={S}, "
-            f"block_size={block_size}; "
-            f"got {block_mask.dtype} {tuple(block_mask.shape)}"
-        )
+    """``block_mask`` (bool ``(ceil(L / block_size), ceil(S / block_size))``) as
+    compressed-sparse-row indices ``(row_ptr, col_idx)``: row ``i``'s active key
+    blocks are ``col_idx[row_ptr[i]:row_ptr[i + 1]]``. With ``by_columns``,
+    compressed-sparse-column: each key block's active query blocks."""
     mask = block_mask.to(device)
     if by_columns:
         mask = mask.t()
@@ -943,14 +883,6 @@ def _block_index(
     ptr[1:] = mask.sum(dim=1).cumsum(0)
     index = mask.nonzero()[:, 1].to(torch.int32).contiguous()  # row-major order
     return ptr, index
-
-
-def _check_block_size(fn: str, block_size: int) -> None:
-    if check_int(fn, "block_size", block_size) < 16 or block_size & (block_size - 1):
-        raise ValueError(
-            f"{fn}: block_size must be a power of two >= 16 for the Triton kernels, "
-            f"got {block_size}"
-        )
 
 
 _UNBOUNDED = 1 << 30  # a window side of -1: further than any sequence
@@ -988,34 +920,38 @@ class _Layout:
         return (0, total) if self.varlen else (self.H * n, n)
 
 
-def _padded(q, k, v) -> _Layout:
+def _padded(fn: str, q, k, v) -> _Layout:
+    """The layout of ``(B, H, L, E)`` tensors, after the one check of the kernels'
+    addressing (:func:`_check_offsets`)."""
+    _check_offsets(fn, q=q, k=k, v=v)
     none = torch.empty(0, dtype=torch.int32, device=q.device)
     B, H, L, E = q.shape
     return _Layout(B, H, k.shape[1], L, k.shape[2], E, v.shape[3], none, none)
 
 
 def _options(q, layout, is_causal, window_size, alibi_slopes, softcap) -> tuple:
-    """FlashAttention-2's fused options as kernel arguments and constexpr flags."""
-    window, slopes, softcap = check_attention_options(
-        "flash_forward",
-        q.new_empty(layout.B, layout.H, 0, 0),
-        window_size,
-        alibi_slopes,
-        softcap,
+    """FlashAttention-2's fused options, as
+    :func:`attnbook.contract.check_attention_options` passes them (``window_size`` two
+    ints, ``alibi_slopes`` ``(H,)`` or ``(B, H)``), as kernel arguments and constexpr
+    flags."""
+    left, right = window_size
+    slopes = (
+        None
+        if alibi_slopes is None
+        else alibi_slopes.to(q.device, torch.float32).expand(layout.B, layout.H)
     )
-    left, right = window
     flags = {
         "CAUSAL": bool(is_causal),
         "WINDOW": left >= 0 or right >= 0,
         "ALIBI": slopes is not None,
-        "SOFTCAP": softcap > 0,
+        "SOFTCAP": bool(softcap),
     }
     if is_causal:  # the causal mask is a window's right side at 0
         right = 0 if right < 0 else min(right, 0)
     args = {
         "left": _UNBOUNDED if left < 0 else left,
         "right": _UNBOUNDED if right < 0 else right,
-        "softcap": softcap or 1.0,
+        "softcap": float(softcap) or 1.0,
         "slopes": (
             slopes.contiguous()
             if slopes is not None
@@ -1187,10 +1123,10 @@ def flash_forward(
     """FlashAttention forward with Triton: ``(out (B, H, L, Ev), lse (B, H, L)
     float32)``. ``q (B, H, L, E)``, ``k (B, Hkv, S, E)``, ``v (B, Hkv, S, Ev)`` in any
     strides; head dims up to 256. FlashAttention-2's fused options as in
-    :func:`attnbook.flash.flash_attention`: ``window_size``, ``alibi_slopes``,
-    ``softcap``; tiles outside the window are never loaded."""
-    _check_inputs("flash_forward", q, k, v)
-    layout = _padded(q, k, v)
+    :func:`attnbook.attend.flash_attention`: ``window_size``, ``alibi_slopes``,
+    ``softcap``; tiles outside the window are never loaded. Validated by
+    :func:`attnbook.attend.flash_attention`, which calls it."""
+    layout = _padded("flash_forward", q, k, v)
     options = _options(q, layout, is_causal, window_size, alibi_slopes, softcap)
     return _forward(q, k, v, layout, is_causal, scale, options)
 
@@ -1211,22 +1147,16 @@ def flash_backward(
 ):
     """FlashAttention backward with Triton: ``(dq, dk, dv)`` from the saved ``out`` and
     ``lse``, with the forward's options."""
-    _check_inputs("flash_backward", q, k, v)
-    layout = _padded(q, k, v)
+    layout = _padded("flash_backward", q, k, v)
     options = _options(q, layout, is_causal, window_size, alibi_slopes, softcap)
     return _backward(q, k, v, out, lse, grad_out, layout, scale, options)
 
 
 def _packed(q, k, v, cu_q, cu_k, max_q, max_k) -> _Layout:
-    """The layout of packed ``(total, H, E)`` tensors, after the kernels' checks."""
-    fn = "varlen_forward"
-    _check_inputs(fn, *(t.transpose(0, 1).unsqueeze(0) for t in (q, k, v)))
-    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
-        if cu.dtype != torch.int32 or cu.dim() != 1 or len(cu) != len(cu_q):
-            raise ValueError(
-                f"{fn}: {name} must be 1-D int32 offsets, as many as cu_seqlens_q; "
-                f"got {cu.dtype} {tuple(cu.shape)}"
-            )
+    """The layout of packed ``(total, H, E)`` tensors, after the one check of the
+    kernels' addressing (:func:`_check_offsets`)."""
+    heads = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
+    _check_offsets("varlen_forward", **dict(zip("qkv", heads)))
     total_q, H, E = q.shape
     return _Layout(
         len(cu_q) - 1, H, k.shape[1], max(1, max_q), max(1, max_k), E, v.shape[2],
@@ -1245,7 +1175,7 @@ def varlen_forward(
     ``cu_seqlens[b]:cu_seqlens[b + 1]``. Returns ``(out (total_q, H, Ev), lse (H,
     total_q))``. One program per (query tile of the longest sequence, sequence x head);
     a program past its sequence's end does nothing. Validated by
-    :func:`attnbook.flash.flash_attention_varlen`, which calls it."""
+    :func:`attnbook.attend.flash_attention_varlen`, which calls it."""
     layout = _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     options = _options(q, layout, is_causal, window_size, alibi_slopes, softcap)
     return _forward(q, k, v, layout, is_causal, scale, options)
@@ -1282,12 +1212,11 @@ def block_sparse_forward(
     (a mask block may span several kernel tiles). Equal to
     :func:`attnbook.sparse.block_sparse_attention`; rows with no active key give zeros.
     With ``return_lse=True`` it returns ``(out, lse)``, what
-    :func:`block_sparse_backward` needs.
+    :func:`block_sparse_backward` needs. Validated by
+    :func:`attnbook.attend.block_sparse_flash_attention`, which calls it.
     """
-    _check_inputs("block_sparse_forward", q, k, v)
-    _check_block_size("block_sparse_forward", block_size)
-    layout = _padded(q, k, v)
-    index = _block_index(block_mask, block_size, layout.L, layout.S, q.device)
+    layout = _padded("block_sparse_forward", q, k, v)
+    index = _block_index(block_mask, q.device)
     options = _options(q, layout, is_causal, (-1, -1), None, 0.0)
     out, lse = _forward(q, k, v, layout, is_causal, scale, options, index, block_size)
     return (out, lse) if return_lse else out
@@ -1310,12 +1239,9 @@ def block_sparse_backward(
     walks each key block's column of ``block_mask`` (compressed-sparse-column
     indices), the dQ kernel each query block's row, so inactive tiles cost nothing
     here either."""
-    _check_inputs("block_sparse_backward", q, k, v)
-    _check_block_size("block_sparse_backward", block_size)
-    layout = _padded(q, k, v)
-    fn, (L, S) = "block_sparse_backward", (layout.L, layout.S)
-    rows = _block_index(block_mask, block_size, L, S, q.device, False, fn)
-    cols = _block_index(block_mask, block_size, L, S, q.device, True, fn)
+    layout = _padded("block_sparse_backward", q, k, v)
+    rows = _block_index(block_mask, q.device)
+    cols = _block_index(block_mask, q.device, by_columns=True)
     options = _options(q, layout, is_causal, (-1, -1), None, 0.0)
     return _backward(
         q, k, v, out, lse, grad_out, layout, scale, options, (rows, cols), block_size
