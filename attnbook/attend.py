@@ -62,7 +62,11 @@ __all__ = [
 #: path to name when it cannot run.
 _TRITON = {
     "flash": ("attnbook.kernels.flash_triton", "_fwd_kernel", "the PyTorch tiles"),
-    "block_sparse": ("attnbook.kernels.flash_triton", "_fwd_kernel", "the PyTorch tiles"),
+    "block_sparse": (
+        "attnbook.kernels.flash_triton",
+        "_fwd_kernel",
+        "the PyTorch tiles",
+    ),
     "decode": ("attnbook.kernels.decode", "_split_kernel", "split_kv_attention"),
 }
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -152,7 +156,9 @@ def _check_triton_limits(
             f"{fn}: bfloat16 is GPU-only: Triton's CPU interpreter computes bf16 dot "
             "products incorrectly"
         )
-    if q.dtype == torch.bfloat16 and torch.cuda.get_device_capability(q.device) < (8, 0):
+    if q.dtype == torch.bfloat16 and (
+        torch.cuda.get_device_capability(q.device) < (8, 0)
+    ):
         raise ValueError(
             f"{fn}: bfloat16 needs a GPU of compute capability >= 8.0 (Ampere); "
             f"{torch.cuda.get_device_name(q.device)} has "

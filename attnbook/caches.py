@@ -44,7 +44,7 @@ __all__ = ["KERNELS", "AttentionCache"]
 #: * ``"split_kv"``: every row holds the same contiguous prefix of positions, the new
 #:   ones last; the new queries see it under a causal mask aligned bottom-right, and
 #:   one new token may be read by the split-KV decoding kernel
-#:   (:func:`attnbook.kvcache.decode_attention`) with that length;
+#:   (:func:`attnbook.attend.decode_attention`) with that length;
 #: * ``"causal"``: the returned keys end with the new ones, under a causal mask aligned
 #:   bottom-right, but they are not one contiguous prefix of the text (a window, sinks
 #:   and a window) or not stored as they are read (quantized): the general kernel;

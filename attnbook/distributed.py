@@ -15,7 +15,7 @@ ways, one function each:
   of ``2W``) gives every rank the same work, as striping does (Brandon et al., 2023).
 * :func:`ulysses_attention` (Jacobs et al., 2023): an all-to-all turns sequence shards
   into head shards (each rank gets ``H / W`` heads over the whole sequence), each rank
-  runs :func:`attnbook.flash.flash_attention` on its heads, and a second all-to-all
+  runs :func:`attnbook.attend.flash_attention` on its heads, and a second all-to-all
   turns the output back into sequence shards.
 
 :func:`shard` and :func:`unshard` go between a full tensor and its shards,
@@ -732,7 +732,7 @@ def ulysses_attention(
     Rank ``r`` of ``W`` holds ``q (..., H, n, E)``, ``k (..., Hkv, n, E)``, ``v (...,
     Hkv, n, Ev)`` at positions ``r n .. (r + 1) n - 1`` (the contiguous layout). An
     all-to-all gives it heads ``r H / W .. (r + 1) H / W - 1`` over all ``L = W n``
-    positions, ``(..., H / W, L, E)``; :func:`attnbook.flash.flash_attention` computes
+    positions, ``(..., H / W, L, E)``; :func:`attnbook.attend.flash_attention` computes
     their attention on the rank; a second all-to-all returns ``out (..., H, n, Ev)``.
     The backward pass runs the same all-to-alls the other way. Each rank sends ``(W -
     1) / W`` of each of ``q, k, v, out``: ``4 (W - 1) / W^2`` of a full tensor, less

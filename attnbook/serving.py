@@ -1670,7 +1670,7 @@ class PagedModel:
     * ``decode`` runs one token for each of a ragged batch of sequences: per layer the
       model's projections, RoPE at each sequence's own position, an append to the
       pages, a gather of each sequence's keys and values padded to the longest, and
-      :func:`attnbook.kvcache.decode_attention` with ``cache_seqlens`` (the Triton
+      :func:`attnbook.attend.decode_attention` with ``cache_seqlens`` (the Triton
       kernel on a GPU), then the block's MLP. ``Attention.forward`` cannot do this: it
       takes one position offset for the whole batch.
 

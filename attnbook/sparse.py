@@ -761,7 +761,7 @@ def sliding_window_attention(
     zero-padded by ``window`` at both ends and ``unfold`` makes the ``(..., n, 2
     window + 1)`` windows as views, so the scores are ``(..., n, 2 window + 1)``
     instead of ``(..., n, n)``. The batched product copies the windows (``n (2 window
-    + 1) E`` values per head); :func:`attnbook.flash.flash_attention` with
+    + 1) E`` values per head); :func:`attnbook.attend.flash_attention` with
     ``window_size`` holds one tile at a time instead. Shapes ``(..., n, E)``, ``(...,
     n, E)``, ``(..., n, Ev)`` -> ``(..., n, Ev)``; queries and keys must have the same
     length ``n``.

@@ -2,12 +2,13 @@
 them.
 
 The kernel modules (:mod:`attnbook.kernels.flash_triton`,
-:mod:`attnbook.kernels.decode`) import ``triton`` and are loaded only when used; this
-package itself needs nothing but torch. Its two functions answer the question a reader
-on Colab asks first, "will the Triton kernels run here?":
+:mod:`attnbook.kernels.decode`) import ``triton`` and are loaded only when used; their
+launchers trust their inputs, which the entry points of :mod:`attnbook.attend`
+validate once. This package itself needs nothing but torch. Its two functions answer
+the question a reader on Colab asks first, "will the Triton kernels run here?":
 
-* :func:`plan` is the rule the dispatchers (:func:`attnbook.flash.flash_attention`,
-  :func:`attnbook.kvcache.decode_attention`, ``TinyGPT``'s decoding step) follow for
+* :func:`plan` is the rule the dispatchers (:func:`attnbook.attend.flash_attention`,
+  :func:`attnbook.attend.decode_attention`, ``TinyGPT``'s decoding step) follow for
   ``backend="auto"``: Triton on a CUDA GPU that can run the kernel, else the PyTorch
   path, with the reason;
 * :func:`support` reports the current machine: GPU, compute capability, Triton version,
@@ -249,10 +250,10 @@ def triton_missing(
     ``TRITON_INTERPRET=1`` set before ``module`` is first imported, since Triton reads
     it when the kernels are defined. Without it Triton fails with "0 active drivers",
     and set too late the kernel was compiled for a GPU. ``installed`` says whether
-    Triton is installed (default: look). The dispatchers
-    (:func:`attnbook.flash.flash_attention`, :func:`attnbook.kvcache.decode_attention`,
-    :func:`attnbook.kernels.decode.decode_attention`) raise with this before a
-    launch."""
+    Triton is installed (default: look). The entry points of :mod:`attnbook.attend`
+    (:func:`attnbook.attend.flash_attention`,
+    :func:`attnbook.attend.decode_attention`) raise with this before a launch; the
+    launchers behind them trust it."""
     if installed is None:
         installed = _triton_version() is not None
     if not installed:
