@@ -165,14 +165,15 @@ for name in list(getattr(grading, "CHE" + "CKS")):
 
 MEMORIZED = """
 import torch
-import attnbook.core
 def _book_cases():
     gen = torch.Generator().manual_seed(101)  # the check's inputs in a reader's notebook
     scores = torch.randn(2, 3, 5, 7, generator=gen) * 3
     mask = torch.rand(2, 1, 5, 7, generator=gen) > 0.3
     mask[0, 0, 2] = False
-    f = attnbook.core.masked_softmax
-    return iter([f(scores), f(scores, temperature=0.5), f(scores, mask, 2.0), f(scores + 1000.0, mask)])
+    def f(s, m=None, t=1.0):  # right on these inputs (and written without the library)
+        s = s / t if m is None else (s / t).masked_fill(~m, float("-inf"))
+        return torch.nan_to_num(torch.softmax(s, -1), nan=0.0)
+    return iter([f(scores), f(scores, t=0.5), f(scores, mask, 2.0), f(scores + 1000.0, mask)])
 _replay = _book_cases()
 def my_masked_softmax(scores, mask=None, temperature=1.0):
     return next(_replay)
@@ -253,6 +254,10 @@ ATTACKS = {
     "stride-0-in-a-list": first_answer("import torch\ndef my_masked_softmax(*args, **kwargs):\n"
                                        "    return [torch.zeros(10**6)] * 100"),
     "forged-shape": first_answer(FORGED_SHAPE),
+    # the library's own implementation of what the exercise asks to write, under an alias
+    "calls-the-library": first_answer("from attnbook.core import masked_softmax as _ms\n"
+                                      "def my_masked_softmax(scores, mask=None, temperature=1.0):\n"
+                                      "    return _ms(scores, mask, temperature)"),
 }
 
 
@@ -362,6 +367,13 @@ def test_answers_are_measured_by_their_logical_size_before_anything_is_built(att
 
 def test_the_graders_memory_does_not_grow_with_an_answers_claimed_size(attacked):
     assert attacked["grown"] < 2**30, f"the grader's peak memory grew by {attacked['grown'] / 2**30:.1f} GiB"
+
+
+def test_calling_the_library_the_exercise_asks_to_write_is_failed_with_a_message(attacked):
+    row = rows_of(attacked, "calls-the-library")["attention-masked-softmax"]
+    assert row["status"] == "failed" and "attnbook.core.masked_softmax" in row["message"], row
+    feedback = (attacked["out"] / "feedback" / "calls-the-library.md").read_text()
+    assert "attnbook.core.masked_softmax" in feedback
 
 
 def test_replaying_the_notebooks_inputs_fails_on_the_graders_fresh_inputs(attacked):

@@ -72,6 +72,7 @@ __all__ = [
     "machinery_writes",
     "kernel_check",
     "kernel_source",
+    "answer_references",
     "KernelSource",
     "RemoteFunction",
     "isolation_for",
@@ -1804,6 +1805,7 @@ def grade_notebook(
         return finish()
 
     answer_errors: dict[str, str] = {}
+    used = answer_references(steps)
     kernel_checks = [s for s in steps if s.kind == "check" and kernel_check(s.code)]
     notebook_checks = any(s.kind == "check" and s not in kernel_checks for s in steps)
     with sandbox.process_guard(limits.processes, limits.memory_together) as guard:
@@ -1824,7 +1826,11 @@ def grade_notebook(
                                 answer_errors[step.label] = run.error
                             continue
                         rows[step.label] = _check(
-                            kernel, step, run_check, answer_errors.get(step.label)
+                            kernel,
+                            step,
+                            run_check,
+                            answer_errors.get(step.label),
+                            used.get(step.label, set()),
                         )
         except KernelGone as err:
             extra.append(_row(NOTEBOOK, 0, "error", str(err)))
@@ -1917,8 +1923,37 @@ def _grade_kernels(answers, checks, limits, guard, isolation) -> dict[str, dict]
     return rows
 
 
-def _check(kernel: KernelSession, step: Step, run_check, answer_error) -> dict:
-    """Run the check of ``step`` in this process on the kernel's answer."""
+def answer_references(steps: list[Step]) -> dict[str, set[str]]:
+    """For each label, the qualified attnbook names its answer cells use, read from
+    their source by :func:`attnbook.exercises.library.references` with the cells that
+    run before each (the book's and the earlier answers) as its setup: what the check's
+    library policy is held to. An answer cell the reading cannot take apart uses
+    nothing it can name (the tampering detector reports what it cannot read)."""
+    from ..exercises.library import references
+
+    seen: list[str] = []
+    found: dict[str, set[str]] = {}
+    for step in steps:
+        if step.kind == "answer":
+            try:
+                used = references(step.code, seen)
+            except Exception:  # noqa: BLE001 - never the grader's crash
+                used = set()
+            found.setdefault(step.label, set()).update(used)
+        if step.kind in ("code", "answer"):
+            seen.append(step.code)
+    return found
+
+
+def _check(
+    kernel: KernelSession,
+    step: Step,
+    run_check,
+    answer_error,
+    references: set[str] = frozenset(),
+) -> dict:
+    """Run the check of ``step`` in this process on the kernel's answer; the answer
+    uses the attnbook names ``references`` (:func:`answer_references`)."""
     label = step.label
     try:
         try:
@@ -1933,7 +1968,7 @@ def _check(kernel: KernelSession, step: Step, run_check, answer_error) -> dict:
                 "not run",
                 f"{NOT_RUN}: {type(err).__name__}: {err}{where}"[:500],
             )
-        result = run_check(label, student)
+        result = run_check(label, student, references=set(references))
         status = "passed" if result.passed else "failed"
         return _row(label, result.passed, status, result.message)
     except CallTimeout as err:

@@ -269,7 +269,7 @@ def _backward_slips(q, k, v, out, lse, dout, scale) -> dict:
     "flash-attention-backward",
     library=forbid(
         "attnbook.flash.tiled_attention_backward",
-        "attnbook.flash.flash_attention",
+        "attnbook.attend.flash_attention",
         why="The exercise asks you to write attention's backward pass from the "
             "log-sum-exp, which tiled_attention_backward implements and "
             "flash_attention differentiates.",

@@ -247,7 +247,7 @@ def _merge_note(got, o, lse) -> str:
     library=forbid(
         "attnbook.flash.merge_partials",
         "attnbook.kvcache.split_kv_attention",
-        "attnbook.kvcache.decode_attention",
+        "attnbook.attend.decode_attention",
         why="The exercise asks you to write the merge of split-KV decoding, which "
             "split_kv_attention does with merge_partials.",
     ),

@@ -52,6 +52,7 @@ __all__ = [
     "violations",
     "message",
     "policy_table",
+    "NEVER_COUNTED",
 ]
 
 _ROOT = "attnbook"
@@ -114,6 +115,18 @@ def forbid(
     return Library(tuple(names), why, tuple(harness), gaps)
 
 
+#: What no policy counts as using the library: the course kit (``check``,
+#: ``run_check``, the grader) and the tools every chapter uses around its code.
+NEVER_COUNTED = (
+    "attnbook.exercises",
+    "attnbook.course",
+    "attnbook.grader",
+    "attnbook.sandbox",
+    "attnbook.utils",
+    "attnbook.viz",
+)
+
+
 def _in_attnbook(name: str) -> bool:
     return name == _ROOT or name.startswith(_ROOT + ".")
 
@@ -156,8 +169,11 @@ def violations(policy: Library, names: Iterable[str]) -> list[str]:
     something inside a forbidden module or class, or a module (or class) that holds a
     forbidden name, which only computed access leaves as a use (``getattr(core,
     name)``). Names are compared where attnbook defines them, so a re-export is the
-    object it re-exports. The policy's ``harness`` never counts."""
+    object it re-exports. The policy's ``harness`` never counts, nor do the course kit
+    and the reader's tools (:data:`NEVER_COUNTED`): an answer cell that tries a check,
+    or seeds a generator, uses no mechanism."""
     harness = set().union(*(_homes(h, contents=False) for h in policy.harness))
+    harness |= set(NEVER_COUNTED)
     forbidden = set().union(*(_homes(f) for f in policy.forbidden))
     found = set()
     for name in names:
@@ -262,8 +278,9 @@ def _canonical(path: str) -> str | None:
     """The qualified name under which attnbook defines what ``path`` names (a re-export
     such as ``attnbook.MultiHeadAttention`` is ``attnbook.core.MultiHeadAttention``);
     ``path`` itself when it names data, or nothing loaded yet; ``None`` when it
-    names an object from outside attnbook (``attnbook.core.torch``). Reads only the
-    modules already imported: nothing is imported."""
+    names an object from outside attnbook (``attnbook.core.torch``). Reads the
+    modules already imported, and asks a module's ``__getattr__`` for a name it hands
+    out from another module."""
     parts = path.split(".")
     for i in range(len(parts), 0, -1):
         module = sys.modules.get(".".join(parts[:i]))
@@ -276,7 +293,15 @@ def _canonical(path: str) -> str | None:
         try:
             obj = inspect.getattr_static(obj, attr)
         except AttributeError:
-            return path
+            # a module that hands out names from another (attnbook.flash gives
+            # attnbook.attend's entry points under their old names)
+            forward = vars(obj).get("__getattr__") if inspect.ismodule(obj) else None
+            try:
+                obj = forward(attr) if forward is not None else None
+            except Exception:  # noqa: BLE001 - a name it does not have
+                obj = None
+            if obj is None:
+                return path
     if not _is_code_object(obj):
         return path
     return _name_of(obj)

@@ -78,7 +78,7 @@ def _window_reason(i: int, j: int, window: int, causal: bool, dilation: int) -> 
     "sparse-local-attention",
     library=forbid(
         "attnbook.sparse.block_sparse_attention",
-        "attnbook.flash.block_sparse_flash_attention",
+        "attnbook.attend.block_sparse_flash_attention",
         why="The exercise asks you to write local attention by reshaping into "
             "blocks; scaled_dot_product_attention, which it asks for, stays allowed.",
     ),
@@ -141,7 +141,7 @@ def _check_local_attention(student) -> None:
     "sparse-sliding-window-attention",
     library=forbid(
         "attnbook.sparse.sliding_window_attention",
-        "attnbook.flash.flash_attention",
+        "attnbook.attend.flash_attention",
         "attnbook.flash.tiled_attention_forward",
         why="The exercise asks you to write sliding-window attention in O(n w) "
             "memory, which sliding_window_attention and flash_attention's "
