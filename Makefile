@@ -60,12 +60,12 @@ test: book
 # `grading` extra: the proof that a grading kernel lacks nothing (about 10 CPU-minutes, so it
 # runs before every release and on demand, not on every push).
 test-grading: $(STAMP)
-	$(BIN)/python -m pytest -m every_chapter -s tests/test_nbgrader.py
+	$(BIN)/python -m pytest -m every_chapter -s tests/course/test_nbgrader.py
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) tests -m "not every_chapter" --ignore=tests/test_site.py \
-	  --ignore=tests/test_course.py --ignore=tests/test_outputs.py --ignore=tests/test_pdf.py \
-	  --ignore=tests/test_colab_path.py --ignore=tests/test_nbgrader.py --ignore=tests/test_otter.py
+	$(BIN)/python -m pytest -n $(JOBS) tests -m "not every_chapter" --ignore=tests/book/test_site.py \
+	  --ignore=tests/course/test_course.py --ignore=tests/book/test_outputs.py --ignore=tests/book/test_pdf.py \
+	  --ignore=tests/book/test_colab_path.py --ignore=tests/course/test_nbgrader.py --ignore=tests/course/test_otter.py
 
 student: $(STAMP)
 	$(BIN)/python -m attnbook.course student student

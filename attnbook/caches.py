@@ -27,7 +27,7 @@ overwrites old positions and so cannot roll back.
 
 The protocol is ``runtime_checkable``: ``isinstance(cache, AttentionCache)`` says
 whether an object answers all five (it checks that the members exist, not what they
-return; ``tests/test_caches.py`` checks that on a decode against recomputing from
+return; ``tests/unit/test_caches.py`` checks that on a decode against recomputing from
 scratch).
 """
 

@@ -12,7 +12,7 @@ either boolean (True = "may attend") or additive floats. One deliberate differen
 PyTorch: causal masks are aligned **bottom-right** when ``L != S`` (query ``i`` sees
 keys ``j <= i + S - L``), which is what decoding with a KV cache needs. A query row
 whose keys are all masked returns zeros (and zero weights), never NaN, as PyTorch's own
-function does too (``tests/test_api.py`` checks both).
+function does too (``tests/properties/test_api.py`` checks both).
 """
 
 from __future__ import annotations

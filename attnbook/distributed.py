@@ -50,12 +50,9 @@ from .contract import (
     check_sizes,
     default_scale,
 )
-from .flash import (
-    flash_attention,
-    merge_partials,
-    tiled_attention_backward,
-    tiled_attention_forward,
-)
+from .attend import flash_attention
+from .flash import tiled_attention_backward, tiled_attention_forward
+from .primitives import merge_partials
 
 __all__ = [
     "CommStats",

@@ -13,10 +13,11 @@ variant as two small functions of the indices of one score:
 Each mask mod below is the predicate of :mod:`attnbook.masks`, where every pattern is
 written once (the dense masks of :mod:`attnbook.core` and :mod:`attnbook.sparse` are
 derived from the same predicates); each mod of a mask or bias the book defines equals
-attnbook's dense result (``tests/test_flex.py`` checks every one, densely and through
-``flex_attention``): the bottom-right causal mask of :func:`attnbook.core.causal_mask`;
-the sliding, dilated and global patterns of Longformer (Beltagy et al., 2020) from
-:mod:`attnbook.sparse`, and FlashAttention-2's ``window_size=(left, right)``; BigBird's
+attnbook's dense result (``tests/unit/test_flex.py`` checks every one, densely and
+through ``flex_attention``): the bottom-right causal mask of
+:func:`attnbook.core.causal_mask`; the sliding, dilated and global patterns of
+Longformer (Beltagy et al., 2020) from :mod:`attnbook.sparse`, and FlashAttention-2's
+``window_size=(left, right)``; BigBird's
 block masks (Zaheer et al., 2020); ALiBi (Press et al., 2022) and T5's bucketed relative
 bias (Raffel et al., 2020) from :mod:`attnbook.positional`; the document mask of packed
 sequences (FlashAttention-2's ``cu_seqlens``); and Gemma 2's logit softcapping (Gemma

@@ -65,7 +65,8 @@ from .core import MultiHeadAttention, scaled_dot_product_attention
 from .data import BOS, EOS, PAD
 from .generation import generate, generating
 from .kernels import plan_for
-from .kvcache import KVCache, StaticKVCache, decode_attention
+from .attend import decode_attention
+from .kvcache import KVCache, StaticKVCache
 from .caches import AttentionCache
 from .layers import HeadShell, RMSNorm
 from .positional import (

@@ -49,12 +49,12 @@ from .contract import (
 )
 from .caches import AttentionCache
 from .core import scaled_dot_product_attention
+from .attend import decode_attention
 from .kvcache import (
     CacheFullError,
     KVCache,
     PagedKVCache,
     SlidingWindowKVCache,
-    decode_attention,
 )
 from .layers import RMSNorm, merge_heads, scale_heads, split_heads
 from .positional import RotaryEmbedding

@@ -10,7 +10,7 @@ The variants are the launch code's own (``flash_triton.variants``,
 for head dims 16 to 256 (the padded widths: 40 runs as 64, 96 as 128), causal (the
 variant with the most masking), so what is compiled is what runs. ``--write`` stores the
 result in ``attnbook/kernels/compiled.json``, which the autotuner's pruning and
-``plan()`` read; ``tests/test_kernels_compile.py`` recompiles a subset and fails when
+``plan()`` read; ``tests/kernels/test_kernels_compile.py`` recompiles a subset and fails when
 the table and the kernels drift apart. The summary at the end is the table the tiers page
 quotes: per target, dtype and head dim, how many configurations of each kernel fit
 without spilling, and what ``plan()`` runs.

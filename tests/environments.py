@@ -7,7 +7,7 @@ pip replaces a hard link without touching the file it shares, so nothing done in
 environment reaches this one. Requirements that this environment lacks raise, naming them.
 
 grading_venv() builds what an instructor's grading kernel holds: the attnbook of this working
-tree with its dependencies and its `grading` extra, nothing else. tests/test_nbgrader.py
+tree with its dependencies and its `grading` extra, nothing else. tests/course/test_nbgrader.py
 autogrades every chapter in one; CI executes the book in one (tools/grading_kernel.py).
 """
 

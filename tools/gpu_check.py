@@ -14,7 +14,7 @@ pipe that a child kernel keeps open would hang the run):
    at once, with ``TRITON_INTERPRET`` unset (the kernels compile for the GPU, as in Colab);
    records each chapter's time, status, the first failing cell with its error, and the printed
    output of every cell that mentions ``cuda`` (what the chapters show of the GPU);
-2. **tests**: ``tests/test_kernels_gpu.py`` and the differential tests' GPU cases (the kernels
+2. **tests**: ``tests/kernels/test_kernels_gpu.py`` and the differential tests' GPU cases (the kernels
    against a float64 oracle on shapes hypothesis draws, one configuration per shape:
    ``ATTNBOOK_AUTOTUNE=0``);
 3. **benchmarks**: ``benchmarks/bench_flash.py --device cuda --quick --json`` and short runs of the
@@ -251,9 +251,9 @@ def _timeouts(shares: list[float], budget: float):
 def tests(budget: float, work: Path) -> dict:
     """The GPU tests and the differential tests' GPU cases, each within its share."""
     runs = {
-        "test_kernels_gpu": (["tests/test_kernels_gpu.py", "-n", "8"], {}, 0.6),
+        "test_kernels_gpu": (["tests/kernels/test_kernels_gpu.py", "-n", "8"], {}, 0.6),
         "differential_gpu": (
-            ["tests/test_differential.py", "-k", "test_kernel_", "-n", "8"],
+            ["tests/properties/test_differential.py", "-k", "test_kernel_", "-n", "8"],
             {"ATTNBOOK_AUTOTUNE": "0"},
             0.4,
         ),

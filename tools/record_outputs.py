@@ -3,7 +3,7 @@
 Chapters are committed without outputs. The book build executes each one once and keeps
 the result in its execution cache (``_build/.jupyter_cache``), keyed by the chapter's
 code: a chapter whose current code has a cached result ran top to bottom without an error
-(the build does not cache a failed run). ``tests/test_outputs.py`` reads that result to
+(the build does not cache a failed run). ``tests/book/test_outputs.py`` reads that result to
 check that every chapter ran and that every ``# NBVAL_CHECK_OUTPUT`` cell printed what it
 printed when its numbers were written into the prose; the text is kept in
 ``tests/checked_outputs.json`` (chapter -> cell id -> text). After changing what a checked

@@ -13,7 +13,7 @@ The repository's address is one setting, ``repository.url`` in ``_config.yml``: 
 builds the Colab and repository buttons from it, and this script writes it into every install
 cell, the package's project URLs and the ``git clone`` lines of the README, the introduction and
 the instructor guide. A fork changes that setting and runs ``make links``.
-``tests/test_repository.py`` checks that all of them agree.
+``tests/book/test_repository.py`` checks that all of them agree.
 """
 
 from __future__ import annotations

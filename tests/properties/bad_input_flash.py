@@ -1,0 +1,62 @@
+"""Bad-input rows of attnbook.flash (see tests/properties/test_bad_input.py), from the table of
+tests/unit/test_flash.py. The entry points it gives too (``flash_attention`` ...) have theirs in
+tests/properties/bad_input_attend.py, beside their home."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from test_bad_input import Bad
+
+from attnbook.flash import (
+    hbm_accesses,
+    key_range,
+    merge_partials,
+    online_softmax,
+    online_softmax_step,
+    plan_tiles,
+    tiled_attention_backward,
+    tiled_attention_forward,
+)
+
+_G = torch.Generator().manual_seed(0)
+_Q = torch.randn(1, 2, 6, 4, generator=_G)
+_X = torch.randn(3, 10, generator=_G)
+_M, _L = torch.zeros(3), torch.ones(3)
+_OUT, _LSE = tiled_attention_forward(_Q, _Q, _Q)
+
+ROWS = [
+    Bad("online_softmax", "zero", lambda: online_softmax(_X, 0), ("online_softmax", "block_size")),
+    Bad("online_softmax", "non-integer", lambda: online_softmax(_X, 2.5), ("online_softmax", "block_size")),
+    Bad("online_softmax", "boolean", lambda: online_softmax(_X, True), ("online_softmax", "block_size")),
+    Bad("online_softmax", "integer-dtype", lambda: online_softmax(_X.long(), 2), ("online_softmax", "x")),
+    Bad("online_softmax_step", "wrong-shape", lambda: online_softmax_step(_M[:2], _L, _X),
+        ("online_softmax_step", "m")),
+    Bad("merge_partials", "integer-dtype", lambda: merge_partials(_OUT, _LSE.long(), _OUT, _LSE),
+        ("merge_partials", "lse_a")),
+    Bad("merge_partials", "wrong-shape", lambda: merge_partials(_OUT, _LSE, _OUT, _LSE[..., :3]),
+        ("merge_partials", "out_a")),
+    Bad("key_range", "non-integer", lambda: key_range(0, 4.0, 10, 10), ("key_range", "i1")),
+    Bad("key_range", "negative", lambda: key_range(0, 4, -1, 10), ("key_range", "L")),
+    Bad("key_range", "out-of-range", lambda: key_range(0, 4, 10, 10, window_size=(-2, 0)),
+        ("key_range", "window_size")),
+    Bad("tiled_attention_forward", "non-integer", lambda: tiled_attention_forward(_Q, _Q, _Q, block_q=2.5),
+        ("tiled_attention_forward", "block_q")),
+    Bad("tiled_attention_forward", "negative", lambda: tiled_attention_forward(_Q, _Q, _Q, block_k=-1),
+        ("tiled_attention_forward", "block_k")),
+    Bad("tiled_attention_forward", "nan", lambda: tiled_attention_forward(_Q, _Q, _Q, scale=math.nan),
+        ("tiled_attention_forward", "scale")),
+    Bad("tiled_attention_backward", "zero", lambda: tiled_attention_backward(_Q, _Q, _Q, _OUT, _LSE, _OUT, block_q=0),
+        ("tiled_attention_backward", "block_q")),
+    Bad("tiled_attention_backward", "wrong-shape", lambda: tiled_attention_backward(
+        _Q, _Q, _Q, _OUT, _LSE, _OUT[..., :2]), ("tiled_attention_backward", "grad_out")),
+    Bad("plan_tiles", "zero", lambda: plan_tiles(0), ("plan_tiles", "head_dim")),
+    Bad("plan_tiles", "non-integer", lambda: plan_tiles(64, l2_bytes=2.5e5), ("plan_tiles", "l2_bytes")),
+    Bad("plan_tiles", "integer-dtype", lambda: plan_tiles(64, dtype=torch.int32), ("plan_tiles", "dtype")),
+    Bad("plan_tiles", "zero", lambda: plan_tiles(64, threads=0), ("plan_tiles", "threads")),
+    Bad("hbm_accesses", "non-integer", lambda: hbm_accesses(1024, 64, 2.5e4), ("hbm_accesses", "sram_bytes")),
+    Bad("hbm_accesses", "zero", lambda: hbm_accesses(0, 64, 2**16), ("hbm_accesses", "seq_len")),
+]
+
+EXEMPT: dict[str, str] = {}

@@ -1,0 +1,24 @@
+"""Bad-input rows of attnbook.kernels (see tests/properties/test_bad_input.py)."""
+
+from __future__ import annotations
+
+import torch
+from test_bad_input import Bad
+
+from attnbook.kernels import compiled_fit, plan, plan_for, support
+
+_X = torch.zeros(1, 2, 4, 8)
+
+ROWS = [
+    Bad("plan", "out-of-range", lambda: plan("flash2", None), ("plan", "kernel")),
+    Bad("plan_for", "out-of-range", lambda: plan_for("nope", _X), ("plan_for", "kernel")),
+    Bad("plan_for", "wrong-type", lambda: plan_for("flash", [1.0, 2.0]), ("plan_for", "x")),
+    Bad("compiled_fit", "out-of-range", lambda: compiled_fit("bogus", (8, 0), torch.float16, 64),
+        ("compiled_fit", "kernel")),
+    Bad("support", "wrong-type", lambda: support("nonsense"), ("support", "device")),
+]
+
+EXEMPT = {
+    "MAX_HEAD_DIM": "a constant",
+    "KernelSupport": "a dataclass of results, built by support()",
+}

@@ -1,0 +1,101 @@
+"""attnbook.attend: the one module of the entry points that pick a backend. Their values and
+errors are tested in tests/unit/test_flash.py, test_kvcache.py, test_kernels_flash.py and
+test_kernels_decode.py (through the names the chapters use); here, the interface itself: where
+the names live, that each validates once and the launchers trust it, and the renamed launcher."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import inspect
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from attnbook import attend, flash, kvcache
+
+ENTRY_POINTS = {
+    "flash_attention": "flash",
+    "flash_attention_varlen": "flash",
+    "block_sparse_flash_attention": "flash",
+    "select_backend": "flash",
+    "decode_attention": "kvcache",
+}
+ROOT = Path(attend.__file__).parent
+
+
+def test_the_entry_points_live_in_attend_and_keep_their_old_names():
+    for name, old in ENTRY_POINTS.items():
+        fn = getattr(attend, name)
+        assert fn.__module__ == "attnbook.attend" and name in attend.__all__
+        assert getattr(importlib.import_module(f"attnbook.{old}"), name) is fn  # no warning: it stays
+        assert name not in importlib.import_module(f"attnbook.{old}").__all__  # documented once
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from attnbook.flash import flash_attention  # noqa: F401  (what the chapters write)
+        from attnbook.kvcache import decode_attention  # noqa: F401
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        flash.nothing  # noqa: B018
+
+
+def test_the_entry_points_are_the_only_backend_choosers():
+    """No module below attend asks the kernel plan or defines an autograd function over the
+    kernels: flash and kvcache hold the PyTorch references, kernels/ the launchers."""
+    for module in ("flash.py", "kvcache.py", "kernels/flash_triton.py", "kernels/decode.py"):
+        tree = ast.parse((ROOT / module).read_text())
+        names = {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}
+        names |= {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}
+        assert not names & {"plan_for", "triton_missing", "Function"}, module
+        imported = {alias.name for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+                    for alias in node.names} | {node.module or "" for node in ast.walk(tree)
+                                                if isinstance(node, ast.ImportFrom)}
+        assert "attend" not in imported, f"{module} imports attend: a cycle"
+
+
+def test_the_launchers_trust_their_inputs():
+    """The contract's checks run once, in the entry point: the launchers call none of them."""
+    for module in ("kernels/flash_triton.py", "kernels/decode.py"):
+        tree = ast.parse((ROOT / module).read_text())
+        called = {node.func.id for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)}
+        again = called & {"check_qkv", "check_decode", "check_attention_options", "check_real"}
+        assert not again, f"{module} checks {again} again"
+
+
+def test_validation_happens_once_per_call(monkeypatch):
+    calls = []
+    real = attend.check_qkv
+    monkeypatch.setattr(attend, "check_qkv", lambda *a: (calls.append(a[0]), real(*a))[1])
+    q = torch.randn(1, 2, 5, 4)
+    attend.flash_attention(q, q, q, backend="torch")
+    assert calls == ["flash_attention"]
+
+
+@pytest.mark.parametrize("name", sorted(ENTRY_POINTS))
+def test_each_entry_point_says_which_backend_ran(name):
+    q = torch.randn(1, 2, 4, 4)
+    cu = torch.tensor([0, 4], dtype=torch.int32)
+    calls = {
+        "flash_attention": lambda: attend.flash_attention(q, q, q, return_backend=True),
+        "flash_attention_varlen": lambda: attend.flash_attention_varlen(
+            q[0].transpose(0, 1), q[0].transpose(0, 1), q[0].transpose(0, 1), cu, cu, 4, 4, return_backend=True),
+        "block_sparse_flash_attention": lambda: attend.block_sparse_flash_attention(
+            q, q, q, torch.ones(1, 1, dtype=torch.bool), 4, return_backend=True),
+        "decode_attention": lambda: attend.decode_attention(q[:, :, :1], q, q, torch.tensor([3]),
+                                                            return_backend=True),
+        "select_backend": lambda: (None, attend.select_backend(q)),
+    }
+    assert calls[name]()[1] == "torch"  # CPU tensors: the PyTorch path
+    if name != "select_backend":
+        assert "return_backend" in inspect.signature(getattr(attend, name)).parameters
+
+
+def test_the_triton_decode_launcher_is_split_kv_forward_and_its_old_name_warns():
+    pytest.importorskip("triton")
+    decode = importlib.import_module("attnbook.kernels.decode")
+    assert "split_kv_forward" in decode.__all__ and "decode_attention" not in decode.__all__
+    with pytest.warns(DeprecationWarning, match="attnbook.attend.decode_attention"):
+        assert decode.decode_attention is decode.split_kv_forward
+    assert kvcache.split_kv_attention.__name__ == "split_kv_attention"  # its PyTorch twin
