@@ -115,8 +115,9 @@ def forbid(
     return Library(tuple(names), why, tuple(harness), gaps)
 
 
-#: What no policy counts as using the library: the course kit (``check``,
-#: ``run_check``, the grader) and the tools every chapter uses around its code.
+#: The parts of attnbook that no policy counts as using the library, the course kit
+#: (``check``, ``run_check``, the grader) and the tools every chapter uses around its
+#: code.
 NEVER_COUNTED = (
     "attnbook.exercises",
     "attnbook.course",

@@ -54,6 +54,13 @@ def copy_answers_from(source: str):
     return change
 
 
+def calls_the_library(nb):
+    cell = next(c for c in nb.cells if "solution" in c.metadata.get("tags", []))
+    cell.source = ("import attnbook.core as c\n"
+                   "def my_masked_softmax(scores, mask=None, temperature=1.0):\n"
+                   "    return c.masked_softmax(scores, mask, temperature)\n")
+
+
 def answer_with(code: str):
     def change(nb):
         cell = next(c for c in nb.cells if "solution" in c.metadata.get("tags", []))
@@ -181,6 +188,9 @@ def sandboxed(tmp_path_factory):
         # children in sessions of their own that ignore SIGINT and spin: killed at the cell's
         # timeout, so the next answer cell finds none of them alive
         "setsid-children": setsid_children,
+        # not an attack on the sandbox: the library's own implementation of what the exercise asks
+        # to write, which the grader reads in the answer cell and fails, here with the sandbox on
+        "calls-the-library": calls_the_library,
     }
     classroom(root, {"ada": mini, "blank": blank_of(mini), **attacks})
     out.mkdir()
@@ -244,6 +254,14 @@ def test_an_attack_on_the_sandbox_scores_as_blank_and_is_reported(sandboxed, att
         assert "your answer cell raised the cell ran longer than 6 s" in first, first
     else:
         assert first.startswith(grader.NOT_RUN) and "your answer cell raised" in first, first
+
+
+def test_calling_the_library_is_failed_with_a_message_in_the_sandbox_too(sandboxed):
+    row = rows_of(sandboxed, "calls-the-library")[LABELS[0]]
+    assert row["status"] == "failed" and row["isolation"] == "bwrap", row
+    assert row["message"].startswith("your answer uses attnbook.core.masked_softmax"), row["message"]
+    assert sandboxed["gradebook"]["calls-the-library"][1:] == ["0", "0"]
+    assert "attnbook.core.masked_softmax" in (sandboxed["out"] / "feedback" / "calls-the-library.md").read_text()
 
 
 def test_the_reasons_reach_the_feedback(sandboxed):
