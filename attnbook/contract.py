@@ -50,6 +50,7 @@ __all__ = [
     "check_qkv",
     "check_attn_mask",
     "check_block_mask",
+    "check_block_layout",
     "check_key_padding_mask",
     "check_dropout",
     "check_decode",
@@ -305,6 +306,24 @@ def check_block_mask(
             f"block_size={block_size}, got {got}"
         )
     return shape
+
+
+def check_block_layout(fn: str, block_mask) -> tuple[int, int]:
+    """Check that ``block_mask`` is a 2-D bool ``(n_q_blocks, n_k_blocks)`` tensor of
+    any size (True = the query block attends to the key block); returns its shape.
+    :func:`check_block_mask` also checks the shape against the lengths."""
+    if not isinstance(block_mask, torch.Tensor) or block_mask.dtype != torch.bool:
+        got = block_mask.dtype if isinstance(block_mask, torch.Tensor) else block_mask
+        raise TypeError(
+            f"{fn}: block_mask must be a bool tensor (n_q_blocks, n_k_blocks), got "
+            f"{got!r:.60}"
+        )
+    if block_mask.dim() != 2:
+        raise ValueError(
+            f"{fn}: block_mask must be 2-D (n_q_blocks, n_k_blocks), got shape "
+            f"{tuple(block_mask.shape)}"
+        )
+    return tuple(block_mask.shape)
 
 
 def check_key_padding_mask(

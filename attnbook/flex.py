@@ -47,6 +47,7 @@ import torch
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from .contract import (
+    check_block_layout,
     check_flag,
     check_indices,
     check_int,
@@ -196,20 +197,6 @@ def longformer_mask_mod(
     return masks.longformer(seq_len, window, global_idx, dilation, device=device)
 
 
-def _check_block_mask(fn: str, block_mask) -> None:
-    if not isinstance(block_mask, torch.Tensor) or block_mask.dtype != torch.bool:
-        got = block_mask.dtype if isinstance(block_mask, torch.Tensor) else block_mask
-        raise TypeError(
-            f"{fn}: block_mask must be a bool tensor (n_q_blocks, n_k_blocks), got "
-            f"{got!r:.60}"
-        )
-    if block_mask.dim() != 2:
-        raise ValueError(
-            f"{fn}: block_mask must be 2-D (n_q_blocks, n_k_blocks), got shape "
-            f"{tuple(block_mask.shape)}"
-        )
-
-
 def block_mask_mod(block_mask: torch.Tensor, block_size: int) -> Callable:
     """A block mask ``(n_q_blocks, n_k_blocks)`` as a token mask_mod:
     ``block_mask[q_idx // block_size, kv_idx // block_size]``, the mask_mod of
@@ -220,7 +207,7 @@ def block_mask_mod(block_mask: torch.Tensor, block_size: int) -> Callable:
     valid; the tensor is read on its own device.
     """
     fn = "block_mask_mod"
-    _check_block_mask(fn, block_mask)
+    check_block_layout(fn, block_mask)
     return masks.blocks(block_mask, check_int(fn, "block_size", block_size, 1))
 
 
@@ -244,7 +231,7 @@ def flex_block_mask(
     block pattern (``causal_mask_mod(L, S)`` for a causal block-sparse pattern).
     """
     fn = "flex_block_mask"
-    _check_block_mask(fn, block_mask)
+    check_block_layout(fn, block_mask)
     block_size = check_int(fn, "block_size", block_size, 1)
     n_q, n_k = block_mask.shape
     L = n_q * block_size if L is None else check_int(fn, "L", L, 1)

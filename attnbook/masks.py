@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import torch
 
-from .contract import check_flag, check_indices, check_int
+from .contract import check_block_layout, check_flag, check_indices, check_int
 
 __all__ = [
     "causal",
@@ -191,17 +191,7 @@ def blocks(block_mask: torch.Tensor, block_size: int) -> Callable:
     and ``n_k_blocks * b`` are valid; the layout is read on its own device.
     """
     fn = "blocks"
-    if not isinstance(block_mask, torch.Tensor) or block_mask.dtype != torch.bool:
-        got = block_mask.dtype if isinstance(block_mask, torch.Tensor) else block_mask
-        raise TypeError(
-            f"{fn}: block_mask must be a bool tensor (n_q_blocks, n_k_blocks), got "
-            f"{got!r:.60}"
-        )
-    if block_mask.dim() != 2:
-        raise ValueError(
-            f"{fn}: block_mask must be 2-D (n_q_blocks, n_k_blocks), got shape "
-            f"{tuple(block_mask.shape)}"
-        )
+    check_block_layout(fn, block_mask)
     size = check_int(fn, "block_size", block_size, 1)
 
     def blocks(b, h, q_idx, kv_idx):

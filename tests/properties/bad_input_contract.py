@@ -12,6 +12,7 @@ from attnbook.contract import (
     attention_mask,
     check_attention_options,
     check_attn_mask,
+    check_block_layout,
     check_block_mask,
     check_cache_update,
     check_decode,
@@ -78,6 +79,10 @@ ROWS = [
     Bad("check_block_mask", "wrong-dtype", lambda: check_block_mask(_F, torch.ones(3, 2), 9, 8, 4),
         (_F, "block_mask", "torch.float32")),
     Bad("check_block_mask", "wrong-type", lambda: check_block_mask(_F, [[True]], 4, 4, 4), (_F, "block_mask", "list")),
+    Bad("check_block_layout", "wrong-dtype", lambda: check_block_layout(_F, torch.ones(2, 2)), (_F, "block_mask", "bool")),
+    Bad("check_block_layout", "wrong-shape", lambda: check_block_layout(_F, torch.ones(2, dtype=torch.bool)),
+        (_F, "block_mask", "2-D")),
+    Bad("check_block_layout", "wrong-type", lambda: check_block_layout(_F, [[True]]), (_F, "block_mask")),
     Bad("check_key_padding_mask", "wrong-dtype", lambda: check_key_padding_mask(_F, torch.ones(2, 5), 2, 5),
         (_F, "key_padding_mask")),
     Bad("check_key_padding_mask", "wrong-shape", lambda: check_key_padding_mask(
