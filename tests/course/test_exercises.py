@@ -193,7 +193,7 @@ def test_fresh_inputs_change_the_inputs_and_restore_the_notebook_seed():
 
 
 def test_every_label_has_at_least_two_plausible_wrong_answers_that_fail():
-    """tests/test_wrong_answers_<topic>.py list the mistakes (see tests/course/wrong_answers.py)."""
+    """tests/course/test_wrong_answers_<topic>.py list the mistakes (see tests/course/wrong_answers.py)."""
     import importlib
 
     found = {}

@@ -1,4 +1,4 @@
-"""The harness of the wrong-answer tests: one ``tests/test_wrong_answers_<topic>.py`` per
+"""The harness of the wrong-answer tests: one ``tests/course/test_wrong_answers_<topic>.py`` per
 chapter lists the plausible mistakes a student makes in each exercise as ``MISTAKES``, and
 ``mistake_test(MISTAKES)`` turns them into one parametrized test.
 

@@ -1555,7 +1555,7 @@ def test_online_softmax(dtype, data):
 requires_cuda = pytest.mark.skipif(
     not torch.cuda.is_available(),
     reason="the Triton kernels against the oracle need a GPU; on the CPU tests/properties/test_api.py runs each under "
-           "Triton's interpreter and tests/test_kernels_*.py check them")
+           "Triton's interpreter and tests/kernels/test_kernels_*.py check them")
 KERNEL_DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 # each new shape autotunes the kernels (minutes on an H100 for a few examples): few examples, not scaled by CI_FACTOR
 KERNEL_EXAMPLES = settings(_BASE, max_examples=20 if THOROUGH else 2)
