@@ -688,14 +688,15 @@ DIGIT = [  # an 8 x 8 three, drawn for the picture
     numbered 0 to 15, each showing its 2 by 2 patch. Above the tokens is a row of
     position embeddings p0 to p16 that are added to them. Arrows lead up from every
     token to a wide Transformer encoder box. From the encoder, only the output above
-    the CLS token goes on, to an MLP head that predicts the class 3.""",
+    the CLS token goes on, through a final norm and a linear head that predicts the
+    class 3.""",
 )
 def vit_patches() -> Drawing:
     d = Drawing(720, 470)
     ink = "#404040"
     # the encoder, its [CLS] output and the head, from the top
     d.text(201, 18, "class: 3")
-    head = d.box(150, 44, 102, 34, "MLP head", fill=tint(OUTPUT, LIGHT))
+    head = d.box(126, 44, 150, 34, "norm + linear head", fill=tint(OUTPUT, LIGHT))
     d.arrow(head.top_mid, (head.cx, 30), head=7)
     enc = d.box(180, 110, 524, 50, "Transformer encoder: self-attention over all 17 "
                 "tokens", fill=tint(KEY, LIGHT))
