@@ -14,14 +14,17 @@ TORCH_INDEX   ?=
 export OMP_NUM_THREADS ?= 1
 JOBS   ?= 2
 
-.PHONY: help install book test test-fast test-grading student clean release links pdf gpu-check
+.PHONY: help install book book-instructor test test-fast test-grading student student-branch clean release links pdf gpu-check
 
 help:
 	@echo "make book   build the website into _build/html (creates $(VENV), executes every chapter)"
+	@echo "            the student edition: every exercise, no solution (what is published)"
+	@echo "make book-instructor   the instructor edition, with every solution: $(INSTRUCTOR_HTML)"
 	@echo "make test   build the book, then run all tests: package, Triton interpreter, course kit, chapters, browser"
 	@echo "make test-fast   package tests only (no notebooks, no browser)"
 	@echo "make test-grading   every chapter under nbgrader autograde in a venv from the grading extra"
 	@echo "make student     write the student bundle (solutions stripped) into student/"
+	@echo "make student-branch   the tree of the student branch the Colab buttons open: $(STUDENT_BRANCH)"
 	@echo "make release VERSION=X.Y.Z   set the version and pin every install cell (maintainers)"
 	@echo "make links       point every link at _config.yml's repository.url (a fork runs this once)"
 	@echo "make pdf         the whole book as one PDF: _build/pdf/attention-book.pdf"
@@ -48,12 +51,22 @@ book: $(STAMP)
 	@echo
 	@echo "The book is built: open file://$(CURDIR)/_build/html/index.html"
 
+# The instructor edition: the same book with every solution (_ext/editions.py), for
+# instructors only; no workflow publishes it (README.md, "How the book is published"). It
+# shares the student build's Sphinx environment (_build/.doctrees) and execution cache, so
+# after `make book` it reads and executes nothing: only Sphinx's write phase runs again,
+# and no kernel starts.
+INSTRUCTOR_HTML ?= _build/instructor/html
+book-instructor: book
+	$(BIN)/python _ext/editions.py build instructor $(INSTRUCTOR_HTML)
+	@echo "The instructor edition is built: open file://$(abspath $(INSTRUCTOR_HTML))/index.html (do not publish it)"
+
 # The whole book as one PDF, printed by headless Chromium from the website (tools/pdf.py says how):
 # figures, formulas, code, exercises and bibliography, with bookmarks and page numbers.
 pdf: book
 	$(BIN)/python tools/pdf.py
 
-test: book
+test: book book-instructor
 	$(BIN)/python -m pytest -n $(JOBS) --dist loadfile -m "not every_chapter" tests
 
 # Every chapter once more, under nbgrader's autograde, in a fresh environment holding only the
@@ -63,12 +76,18 @@ test-grading: $(STAMP)
 	$(BIN)/python -m pytest -m every_chapter -s tests/course/test_nbgrader.py
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) tests -m "not every_chapter" --ignore=tests/book/test_site.py \
+	$(BIN)/python -m pytest -n $(JOBS) tests -m "not every_chapter" --ignore=tests/book/test_site.py --ignore=tests/book/test_editions.py \
 	  --ignore=tests/course/test_course.py --ignore=tests/book/test_outputs.py --ignore=tests/book/test_pdf.py \
 	  --ignore=tests/book/test_colab_path.py --ignore=tests/course/test_nbgrader.py --ignore=tests/course/test_otter.py
 
 student: $(STAMP)
 	$(BIN)/python -m attnbook.course student student
+
+# The student branch (pages.yml pushes it): every chapter at book/<chapter>.ipynb with its
+# solutions stripped, the path the student edition's Colab buttons open, and the README.
+STUDENT_BRANCH ?= _build/student-branch
+student-branch: $(STAMP)
+	$(BIN)/python _ext/editions.py student-branch $(STUDENT_BRANCH)
 
 clean:
 	rm -rf _build student

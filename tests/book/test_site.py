@@ -223,13 +223,16 @@ def test_every_figure_has_alt_text_or_a_caption(browser, server, page):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_colab_link_targets_this_chapter(browser, server, chapter):
+def test_colab_link_targets_this_chapters_student_notebook(browser, server, chapter):
+    """The public site is the student edition: its Colab button opens the chapter from the student
+    branch (solutions stripped; tests/book/test_editions.py checks that branch's notebooks)."""
     _open(browser, server, f"book/{chapter}.html")
     links = browser.execute_script(
         "return [...document.querySelectorAll('a[href*=\"colab.research.google.com\"]')].map(a => a.href)"
     )
     repo = CONFIG["repository"]["url"].removeprefix("https://github.com/")
-    expected = f"https://colab.research.google.com/github/{repo}/blob/{CONFIG['repository']['branch']}/book/{chapter}.ipynb"
+    branch = CONFIG["sphinx"]["config"]["attnbook_student_branch"]
+    expected = f"https://colab.research.google.com/github/{repo}/blob/{branch}/book/{chapter}.ipynb"
     assert links == [expected], f"{chapter}: Colab links {links}, expected [{expected}]"
 
 
@@ -244,32 +247,27 @@ def test_chapter_shows_its_figures(browser, server, chapter):
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_code_solutions_are_collapsed_until_clicked(browser, server, chapter):
+def test_exercise_cells_show_the_stub_to_complete(browser, server, chapter):
+    """The student edition: each answer cell is shown, open, as the stub a student completes; the
+    solution is not behind a click, it is not on the page (tests/book/test_editions.py)."""
     _open(browser, server, f"book/{chapter}.html")
-    hidden = browser.find_elements("css selector", ".tag_solution details.hide")
-    assert hidden, f"{chapter}: no collapsed code solution found"
-    details = hidden[0]
-    code = details.find_element("css selector", ".cell_input")
-    assert details.get_attribute("open") is None and not code.is_displayed()
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", details)
-    details.find_element("css selector", "summary").click()
-    _wait_until(code.is_displayed)
-    assert details.get_attribute("open") is not None and code.is_displayed()
-    assert "BEGIN SOLUTION" in code.text
+    cells = browser.find_elements("css selector", ".tag_solution")
+    assert cells, f"{chapter}: no exercise answer cell found"
+    for cell in cells:
+        assert not cell.find_elements("css selector", "details"), f"{chapter}: a collapsed answer cell"
+        code = cell.find_element("css selector", ".cell_input")
+        browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", code)
+        assert code.is_displayed(), f"{chapter}: an answer cell is hidden"
+        assert "raise NotImplementedError" in code.text and "BEGIN SOLUTION" not in code.text
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_written_solutions_are_collapsed_until_clicked(browser, server, chapter):
+def test_exercises_show_and_written_solutions_are_absent(browser, server, chapter):
     _open(browser, server, f"book/{chapter}.html")
-    solutions = browser.find_elements("css selector", ".solution.dropdown")
-    assert solutions, f"{chapter}: no collapsed written solution found"
-    solution = solutions[0]
-    body = solution.find_element("css selector", "section")
-    assert not body.is_displayed(), f"{chapter}: the first written solution is visible before a click"
-    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", solution)
-    solution.find_element("css selector", ".toggle-button").click()
-    _wait_until(body.is_displayed)
-    assert body.is_displayed(), f"{chapter}: the solution did not open on click"
+    exercises = browser.find_elements("css selector", ".exercise")
+    assert len(exercises) >= 3, f"{chapter}: {len(exercises)} exercises on the page"
+    assert all(e.is_displayed() for e in exercises)
+    assert not browser.find_elements("css selector", ".solution"), f"{chapter}: a written solution on the page"
 
 
 SEARCH_WORDS = {"attention": "equivariance", "complexity": "crossover", "positional": "ALiBi",
