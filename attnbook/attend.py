@@ -5,20 +5,19 @@ Four functions run attention on whichever backend can: Triton on a CUDA GPU that
 run the kernel, the PyTorch reference elsewhere.
 
 * :func:`flash_attention`: exact attention in tiles, differentiable to any order;
-  PyTorch: :func:`attnbook.flash.tiled_attention_forward` and
-  :func:`~attnbook.flash.tiled_attention_backward`; Triton:
-  :func:`attnbook.kernels.flash_triton.flash_forward` and
-  :func:`~attnbook.kernels.flash_triton.flash_backward`.
+  PyTorch: :func:`attnbook.flash.flash_forward` and
+  :func:`~attnbook.flash.flash_backward`; Triton:
+  ``attnbook.kernels.flash_triton._flash_forward`` and ``_flash_backward``.
 * :func:`flash_attention_varlen`: packed sequences of different lengths; PyTorch: each
-  sequence alone; Triton: :func:`~attnbook.kernels.flash_triton.varlen_forward` and
-  :func:`~attnbook.kernels.flash_triton.varlen_backward`.
+  sequence alone; Triton: ``attnbook.kernels.flash_triton._varlen_forward`` and
+  ``attnbook.kernels.flash_triton._varlen_backward``.
 * :func:`block_sparse_flash_attention`: the active tiles of a block mask; PyTorch:
   :func:`attnbook.sparse.block_sparse_attention`; Triton:
-  :func:`~attnbook.kernels.flash_triton.block_sparse_forward` and
-  :func:`~attnbook.kernels.flash_triton.block_sparse_backward`.
+  ``attnbook.kernels.flash_triton._block_sparse_attention_forward`` and
+  ``attnbook.kernels.flash_triton._block_sparse_attention_backward``.
 * :func:`decode_attention`: one query token per sequence against a cache (split-KV,
   "flash-decoding"); PyTorch: :func:`attnbook.kvcache.split_kv_attention`; Triton:
-  :func:`attnbook.kernels.decode.split_kv_forward`.
+  ``attnbook.kernels.decode._split_kv_attention``.
 
 Each one does the same three things, once: it validates its arguments
 (:mod:`attnbook.contract`, and the Triton kernels' own limits when it picks them), asks
@@ -43,10 +42,10 @@ from .flash import (  # the reference and its argument checks: one of each
     _check_head_dim,
     _check_scale,
     _from_4d,
-    tiled_attention_backward,
-    tiled_attention_forward,
+    flash_backward,
+    flash_forward,
 )
-from .kernels import MAX_HEAD_DIM, plan_for, triton_missing
+from .kernels import MAX_HEAD_DIM, check_addressing, plan_for, triton_missing
 from .kvcache import _check_split_kv, split_kv_attention
 from .sparse import block_sparse_attention
 
@@ -134,12 +133,20 @@ def _select_backend(
 
 
 def _check_triton_limits(
-    fn: str, q: torch.Tensor, v: torch.Tensor, block_size: int | None = None
+    fn: str,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    block_size: int | None = None,
 ) -> None:
     """What the Triton kernels take beyond the contract: head dims of ``q`` and ``v``
     in ``[1, MAX_HEAD_DIM]``, float16, bfloat16 (on a GPU of compute capability 8.0+;
-    Triton's CPU interpreter computes its dot products wrongly) or float32, and a
-    block-sparse ``block_size`` that is a power of two >= 16."""
+    Triton's CPU interpreter computes its dot products wrongly) or float32, rows of one
+    head within 32-bit offsets (:func:`attnbook.kernels.check_addressing`; packed
+    ``(total, H, E)`` tensors are read as one sequence of heads), and a block-sparse
+    ``block_size`` that is a power of two >= 16."""
+    heads = [t.transpose(0, 1).unsqueeze(0) if t.dim() == 3 else t for t in (q, k, v)]
+    check_addressing(fn, **dict(zip("qkv", heads)))
     for name, t in (("q", q), ("v", v)):
         if not 1 <= t.shape[-1] <= MAX_HEAD_DIM:
             raise ValueError(
@@ -201,11 +208,11 @@ class _FlashAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, is_causal, scale, backend, window, slopes, softcap):
         fused = {"window_size": window, "alibi_slopes": slopes, "softcap": softcap}
         if backend == "triton":
-            from .kernels.flash_triton import flash_forward
+            from .kernels.flash_triton import _flash_forward
 
-            run = flash_forward
+            run = _flash_forward
         else:
-            run = tiled_attention_forward
+            run = flash_forward
         out, lse = run(q, k, v, is_causal=is_causal, scale=scale, **fused)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.is_causal, ctx.scale, ctx.backend, ctx.fused = (
@@ -222,7 +229,7 @@ class _FlashAttention(torch.autograd.Function):
         if torch.is_grad_enabled():  # create_graph=True: differentiable gradients
 
             def forward(q, k, v):
-                return tiled_attention_forward(
+                return flash_forward(
                     q, k, v, is_causal=ctx.is_causal, scale=ctx.scale, **ctx.fused
                 )[0]
 
@@ -231,11 +238,12 @@ class _FlashAttention(torch.autograd.Function):
             )
             return *grads, None, None, None, None, None, None
         if ctx.backend == "triton":
-            from .kernels.flash_triton import flash_backward
+            from .kernels.flash_triton import _flash_backward
 
-            run = flash_backward
+            check_addressing("flash_attention", grad_out=grad_out)
+            run = _flash_backward
         else:
-            run = tiled_attention_backward
+            run = flash_backward
         dq, dk, dv = run(
             q, k, v, out, lse, grad_out,
             is_causal=ctx.is_causal, scale=ctx.scale, **ctx.fused,
@@ -263,7 +271,7 @@ def flash_attention(
     scale=scale, enable_gqa=True)`` (bottom-right causal alignment) with memory
     ``O(L + S)`` per head beyond the inputs and outputs, in the forward and the backward
     pass. FlashAttention-2's fused options, each applied inside the tiles (see
-    :func:`attnbook.flash.tiled_attention_forward`): ``window_size=(left, right)`` (a
+    :func:`attnbook.flash.flash_forward`): ``window_size=(left, right)`` (a
     sliding window; tiles outside it are skipped), ``alibi_slopes`` ``(H,)`` or ``(B,
     H)`` (ALiBi), ``softcap`` (Gemma 2's cap on the scores). ``backend``: ``"auto"``
     (Triton on a GPU that can run it, PyTorch elsewhere), ``"torch"`` or ``"triton"``
@@ -289,7 +297,7 @@ def flash_attention(
     )
     chosen = _select_backend(fn, q4, backend, v4)
     if chosen == "triton":
-        _check_triton_limits(fn, q4, v4)
+        _check_triton_limits(fn, q4, k4, v4)
     out = _FlashAttention.apply(
         q4, k4, v4, bool(is_causal), scale, chosen, window, slopes, softcap
     )
@@ -340,11 +348,11 @@ class _VarlenFlash(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, is_causal, scale, *fused):
-        from .kernels.flash_triton import varlen_forward
+        from .kernels.flash_triton import _varlen_forward
 
         window, slopes, softcap = fused
         options = {"window_size": window, "alibi_slopes": slopes, "softcap": softcap}
-        out, lse = varlen_forward(
+        out, lse = _varlen_forward(
             q, k, v, cu_q, cu_k, max_q, max_k,
             is_causal=is_causal, scale=scale, **options,
         )  # fmt: skip
@@ -355,7 +363,7 @@ class _VarlenFlash(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        from .kernels.flash_triton import varlen_backward
+        from .kernels.flash_triton import _varlen_backward
 
         q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiable gradients
@@ -370,7 +378,7 @@ class _VarlenFlash(torch.autograd.Function):
                 forward, (q, k, v), grad_out, ctx.needs_input_grad[:3]
             )
             return *grads, *([None] * 9)
-        dq, dk, dv = varlen_backward(
+        dq, dk, dv = _varlen_backward(
             q, k, v, out, lse, grad_out, cu_q, cu_k, *ctx.sizes,
             is_causal=ctx.is_causal, scale=ctx.scale, **ctx.options,
         )  # fmt: skip
@@ -446,7 +454,7 @@ def flash_attention_varlen(
     )
     chosen = _select_backend(fn, q.unsqueeze(0), backend, v)
     if chosen == "triton":
-        _check_triton_limits(fn, q, v)
+        _check_triton_limits(fn, q, k, v)
         out = _VarlenFlash.apply(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
             bool(is_causal), scale, window, slopes, softcap,
@@ -485,9 +493,9 @@ class _BlockSparseFlash(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, block_mask, block_size, is_causal, scale):
-        from .kernels.flash_triton import block_sparse_forward
+        from .kernels.flash_triton import _block_sparse_attention_forward
 
-        out, lse = block_sparse_forward(
+        out, lse = _block_sparse_attention_forward(
             q, k, v, block_mask, block_size,
             is_causal=is_causal, scale=scale, return_lse=True,
         )  # fmt: skip
@@ -497,7 +505,7 @@ class _BlockSparseFlash(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        from .kernels.flash_triton import block_sparse_backward
+        from .kernels.flash_triton import _block_sparse_attention_backward
 
         q, k, v, out, lse, block_mask = ctx.saved_tensors
         if torch.is_grad_enabled():  # create_graph=True: differentiable gradients
@@ -512,7 +520,8 @@ class _BlockSparseFlash(torch.autograd.Function):
                 forward, (q, k, v), grad_out, ctx.needs_input_grad[:3]
             )
             return *grads, None, None, None, None
-        dq, dk, dv = block_sparse_backward(
+        check_addressing("block_sparse_flash_attention", grad_out=grad_out)
+        dq, dk, dv = _block_sparse_attention_backward(
             q, k, v, out, lse, grad_out, block_mask, ctx.block_size,
             is_causal=ctx.is_causal, scale=ctx.scale,
         )  # fmt: skip
@@ -535,10 +544,9 @@ def block_sparse_flash_attention(
     both backends.
 
     Equal to :func:`attnbook.sparse.block_sparse_attention` (which the ``"torch"``
-    backend calls); the ``"triton"`` backend runs
-    :func:`attnbook.kernels.flash_triton.block_sparse_forward`, which visits only the
-    active key blocks of each query block, and its backward
-    :func:`~attnbook.kernels.flash_triton.block_sparse_backward`, which visits the
+    backend calls); the ``"triton"`` backend runs the Triton twin
+    ``attnbook.kernels.flash_triton._block_sparse_attention_forward``, which visits
+    only the active key blocks of each query block, and its backward, which visits the
     same tiles (``block_size`` a power of two >= 16 there).
     ``block_mask (ceil(L / b), ceil(S / b))`` bool, ``b = block_size``; ``q (..., H,
     L, E)``, ``k (..., Hkv, S, E)``, ``v (..., Hkv, S, Ev)`` -> ``(..., H, L, Ev)``.
@@ -560,7 +568,7 @@ def block_sparse_flash_attention(
     if L == 0 or S == 0:  # no tile at all: empty, or zeros (no key to see)
         out = flash_attention(q4, k4, v4, scale=scale, backend="torch")
     elif chosen == "triton":
-        _check_triton_limits(fn, q4, v4, block_size)
+        _check_triton_limits(fn, q4, k4, v4, block_size)
         out = _BlockSparseFlash.apply(
             q4, k4, v4, block_mask, block_size, bool(is_causal), scale
         )
@@ -591,7 +599,7 @@ def decode_attention(
     kv_heads, max_len, head_dim)`` and ``v_cache (batch, kv_heads, max_len, v_dim)``
     -> ``(batch, heads, 1, v_dim)``.
 
-    The Triton kernel (:func:`attnbook.kernels.decode.split_kv_forward`) when
+    The Triton kernel (``attnbook.kernels.decode._split_kv_attention``) when
     ``backend="triton"`` or, with ``"auto"``, when the tensors are on a CUDA GPU that
     can run it (:func:`attnbook.kernels.plan`); its PyTorch reference
     :func:`attnbook.kvcache.split_kv_attention` (``backend="torch"``, ``num_splits``
@@ -611,7 +619,7 @@ def decode_attention(
     _check_split_kv(fn, q, k_cache, v_cache, cache_seqlens, num_splits, scale)
     chosen = _select_backend(fn, q, backend, v_cache, "decode")
     if chosen == "triton":
-        from .kernels.decode import MAX_SPLITS, split_kv_forward
+        from .kernels.decode import MAX_SPLITS, _split_kv_attention
 
         for name, t in (("q", q), ("v_cache", v_cache)):
             if not 1 <= t.shape[-1] <= MAX_HEAD_DIM:
@@ -625,7 +633,7 @@ def decode_attention(
                 f"backend='triton' (the merge kernel reads every split in one tile), "
                 f"got {num_splits}"
             )
-        out = split_kv_forward(
+        out = _split_kv_attention(
             q, k_cache, v_cache, cache_seqlens, num_splits=num_splits, scale=scale
         )
     else:

@@ -36,6 +36,7 @@ from .contract import (
     check_sizes,
     grouped_kv,
 )
+from .layers import HeadShell
 from .masks import causal, dense, padding
 
 __all__ = [
@@ -461,7 +462,7 @@ def _check_mha(d_model, n_heads, n_kv_heads, dropout, bias) -> None:
         )
 
 
-class MultiHeadAttention(nn.Module):
+class MultiHeadAttention(HeadShell, nn.Module):
     """Multi-head attention (Vaswani et al., 2017) with optional grouped key/value
     heads.
 
@@ -472,6 +473,7 @@ class MultiHeadAttention(nn.Module):
     multi-query attention), which shrinks the KV cache.
 
     Inputs are ``(batch, seq, d_model)``; masks broadcast to ``(batch, n_heads, L, S)``.
+    The projections and the heads come from :class:`attnbook.layers.HeadShell`.
     """
 
     def __init__(
@@ -513,11 +515,6 @@ class MultiHeadAttention(nn.Module):
             scores = (x.shape[0], self.n_heads, x.shape[1], context.shape[1])
             check_attn_mask(fn, attn_mask, scores)
 
-    def _split(self, x: torch.Tensor, heads: int) -> torch.Tensor:
-        B, T, _ = x.shape
-        # (B, heads, T, head_dim)
-        return x.view(B, T, heads, self.head_dim).transpose(1, 2)
-
     def forward(
         self,
         x: torch.Tensor,
@@ -535,9 +532,7 @@ class MultiHeadAttention(nn.Module):
         """
         context = x if context is None else context
         self._check_inputs(x, context, attn_mask, is_causal, return_weights)
-        q = self._split(self.q_proj(x), self.n_heads)
-        k = self._split(self.k_proj(context), self.n_kv_heads)
-        v = self._split(self.v_proj(context), self.n_kv_heads)
+        q, k, v = self.project(x, context)  # (B, heads, T, head_dim) each
         out, weights = scaled_dot_product_attention(
             q,
             k,
@@ -548,7 +543,5 @@ class MultiHeadAttention(nn.Module):
             dropout_p=self.dropout if self.training else 0.0,
             return_weights=True,
         )
-        out = self.out_proj(
-            out.transpose(1, 2).reshape(x.shape[0], x.shape[1], self.d_model)
-        )
+        out = self.merge(out)  # heads side by side again, then W^O
         return (out, weights) if return_weights else out

@@ -51,7 +51,7 @@ from .contract import (
     default_scale,
 )
 from .attend import flash_attention
-from .flash import tiled_attention_backward, tiled_attention_forward
+from .flash import flash_backward, flash_forward
 from .primitives import merge_partials
 
 __all__ = [
@@ -503,7 +503,7 @@ def _block_pairs(ring: _Ring, src: int, n: int, layout: str, is_causal: bool):
 def _ring_forward(q, k, v, scale, is_causal, layout, ring, stats):
     """``(out, lse)`` of this rank's queries over the whole ring: ``W`` steps, at step
     ``t`` the key/value block of rank ``r - t``; each pair of chunks through
-    :func:`~attnbook.flash.tiled_attention_forward`, merged with
+    :func:`~attnbook.flash.flash_forward`, merged with
     :func:`~attnbook.flash.merge_partials`, in float32 (float64 for float64 inputs)."""
     B, H, n, _ = q.shape
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -519,7 +519,7 @@ def _ring_forward(q, k, v, scale, is_causal, layout, ring, stats):
         pairs, skipped = _block_pairs(ring, src, n, layout, is_causal)
         stats.blocks_skipped += skipped
         for rows, cols, diagonal in pairs:
-            o, s = tiled_attention_forward(
+            o, s = flash_forward(
                 qa[:, :, rows], k[:, :, cols].to(acc), v[:, :, cols].to(acc),
                 is_causal=diagonal, scale=scale,
             )  # fmt: skip
@@ -538,7 +538,7 @@ def _ring_backward(q, k, v, out, lse, dout, scale, is_causal, layout, ring, stat
     """``(dq, dk, dv)`` of this rank's shards. The key/value blocks make the forward
     trip again, and with each block travels the accumulator of its ``dK, dV``: every
     rank adds the gradient its queries give the block (recomputed from the saved ``out``
-    and ``lse`` by :func:`~attnbook.flash.tiled_attention_backward`) and passes it on;
+    and ``lse`` by :func:`~attnbook.flash.flash_backward`) and passes it on;
     after ``W`` hops each accumulator is back home. The accumulators travel in float32
     (float64 for float64 inputs), and one step's accumulators are in flight while the
     next step is computed."""
@@ -556,7 +556,7 @@ def _ring_backward(q, k, v, out, lse, dout, scale, is_causal, layout, ring, stat
         dk = torch.zeros_like(k, dtype=acc)
         dv = torch.zeros_like(v, dtype=acc)
         for rows, cols, diagonal in _block_pairs(ring, src, n, layout, is_causal)[0]:
-            dq_p, dk_p, dv_p = tiled_attention_backward(
+            dq_p, dk_p, dv_p = flash_backward(
                 qa[:, :, rows], k[:, :, cols].to(acc), v[:, :, cols].to(acc),
                 out[:, :, rows], lse[:, :, rows], dout[:, :, rows],
                 is_causal=diagonal, scale=scale,
@@ -629,7 +629,7 @@ def ring_attention(
 
     The backward pass, a custom autograd function, recomputes each block's
     probabilities from the saved ``out`` and ``lse`` as FlashAttention's does
-    (:func:`~attnbook.flash.tiled_attention_backward`): the blocks go around the ring
+    (:func:`~attnbook.flash.flash_backward`): the blocks go around the ring
     again, each with the accumulator of its ``dK, dV``, which every rank adds to and
     passes on, so after ``W`` hops each rank holds the gradients of its own shards.
     Under grouped-query attention (``Hkv`` dividing ``H``) only the smaller key/value

@@ -9,10 +9,10 @@ S`` score matrix never exists in memory. Three ideas, one function each:
   :func:`merge_partials` is the same rescaling applied to two partial attention outputs.
   Both live in :mod:`attnbook.primitives` (every module that merges partial results
   imports them from there) and are re-exported here, where the chapter teaches them.
-* :func:`tiled_attention_forward`: the FlashAttention forward pass in tiles; it returns
+* :func:`flash_forward`: the FlashAttention forward pass in tiles; it returns
   the output and the log-sum-exp ``lse`` of every row, the only statistic the backward
   pass needs.
-* :func:`tiled_attention_backward`: the backward pass, which recomputes the
+* :func:`flash_backward`: the backward pass, which recomputes the
   probabilities tile by tile from ``(q, k, lse)`` instead of storing them.
 
 :func:`attnbook.attend.flash_attention` makes the two one differentiable function;
@@ -39,6 +39,7 @@ import os
 
 import torch
 
+from ._renamed import renamed
 from .contract import check_flag as _check_flag
 from .contract import check_int as _check_int
 from .contract import (
@@ -59,8 +60,8 @@ __all__ = [
     "online_softmax_step",
     "online_softmax",
     "merge_partials",
-    "tiled_attention_forward",
-    "tiled_attention_backward",
+    "flash_forward",
+    "flash_backward",
     "key_range",
     "plan_tiles",
     "hbm_accesses",
@@ -78,13 +79,22 @@ _ENTRY_POINTS = frozenset(
 )
 
 
+#: Old names, one release each: the forward and backward passes were
+#: ``tiled_attention_*`` until their Triton twins took the same names.
+_RENAMED = {
+    "tiled_attention_forward": ("attnbook.flash.flash_forward", ""),
+    "tiled_attention_backward": ("attnbook.flash.flash_backward", ""),
+}
+
+
 def __getattr__(name: str):
     """``attnbook.flash.flash_attention`` and the other entry points of
     :data:`_ENTRY_POINTS`: looked up in :mod:`attnbook.attend` when first asked for.
-    That module builds on this one, so this one does not import it."""
+    That module builds on this one, so this one does not import it. The old names of
+    :data:`_RENAMED` warn."""
     if name in _ENTRY_POINTS:
         return getattr(importlib.import_module("attnbook.attend"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return renamed(__name__, _RENAMED, name)
 
 
 def __dir__() -> list[str]:
@@ -306,7 +316,7 @@ def plan_tiles(
     return rows * threads, block_k
 
 
-def tiled_attention_forward(
+def flash_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -345,7 +355,7 @@ def tiled_attention_forward(
     them and no copy of K and V is made. Besides the output, the largest temporary is
     one ``(H / Hkv) block_q x block_k`` score tile per key head.
     """
-    fn = "tiled_attention_forward"
+    fn = "flash_forward"
     check_qkv(fn, q, k, v)
     rank = max(q.dim(), k.dim())
     q, k, v, batch = _as_4d(q, k, v)
@@ -402,7 +412,7 @@ def _check_tiles(fn, block_q, block_k, q, v) -> tuple[int, int]:
     return block_q, block_k
 
 
-def tiled_attention_backward(
+def flash_backward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -431,14 +441,14 @@ def tiled_attention_backward(
     With ``softcap``, ``dS`` is multiplied by the cap's derivative ``1 - tanh^2(S /
     softcap)`` before it reaches ``dQ`` and ``dK``; ALiBi's bias and the window need
     nothing more (the same tiles are skipped). For MQA/GQA the query heads that share a
-    key head are rows of one tile, as in :func:`tiled_attention_forward`, so the
+    key head are rows of one tile, as in :func:`flash_forward`, so the
     products ``P^T dO`` and ``dS^T Q`` sum their key/value gradients without a copy of
     K and V. Shapes ``(B, H, L, E)`` as
     :func:`attnbook.attend.flash_attention` saves them;
     ``grad_out`` is like ``out``; tiles from :func:`plan_tiles` unless given. Computed
     in float32 (float64 for float64 ``q``), whatever ``lse``'s dtype.
     """
-    fn = "tiled_attention_backward"
+    fn = "flash_backward"
     check_qkv(fn, q, k, v)
     if q.dim() != 4 or k.dim() != 4 or q.shape[0] != k.shape[0]:
         raise ValueError(

@@ -25,7 +25,7 @@ the order the chapter tells them:
   (PagedAttention, Kwon et al., 2023);
 * :func:`split_kv_attention`: split-KV ("flash-decoding") attention for one query token
   per sequence, in PyTorch, the reference of the Triton kernel
-  :func:`attnbook.kernels.decode.split_kv_forward`;
+  ``attnbook.kernels.decode._split_kv_attention``;
   :func:`attnbook.attend.decode_attention` (also given here, as
   ``attnbook.kvcache.decode_attention``) picks the kernel on CUDA and this reference
   elsewhere.

@@ -330,11 +330,12 @@ class TransformerConfig:
             )
 
 
-class Attention(HeadShell, MultiHeadAttention):
+class Attention(MultiHeadAttention):
     """:class:`attnbook.core.MultiHeadAttention` (the same projections, the same
     grouped-query layout) as a decoder or encoder layer needs it: self-attention with an
     optional rotary embedding, an optional additive bias, a KV cache and head masks.
-    Its shell (:class:`attnbook.layers.HeadShell`) projects and merges the heads; what
+    Its shell (:class:`attnbook.layers.HeadShell`, through MultiHeadAttention) projects
+    and merges the heads; what
     lies between is asked of the cache (:class:`attnbook.caches.AttentionCache`)."""
 
     _qkv = None  # (weight, bias) of q, k, v stacked, set by generate for its call

@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 
 from attnbook.complexity import measure
 from attnbook.core import scaled_dot_product_attention as naive_attention
-from attnbook.flash import flash_attention, plan_tiles, tiled_attention_forward
+from attnbook.flash import flash_attention, plan_tiles, flash_forward
 from attnbook.utils import default_device, seed_everything
 from common import fused_only, raise_recompile_limit  # benchmarks/common.py
 
@@ -84,7 +84,7 @@ def cpu_table(args: argparse.Namespace) -> None:
     print(f"{'n':>6} | {'naive ms':>9} {'tiled ms':>9} {'sdpa ms':>8} tiled/sdpa | {'naive MiB':>9} {'tiled MiB':>9} tiled/naive | max|diff|")
     def tiled(q, k, v):
         if tiles:
-            return tiled_attention_forward(q, k, v, **tiles)[0]
+            return flash_forward(q, k, v, **tiles)[0]
         return flash_attention(q, k, v, backend="torch")
 
     for log2_n in tqdm(range(lo, args.max_log2_n + 1), desc="lengths", leave=False):

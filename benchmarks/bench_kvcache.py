@@ -49,7 +49,7 @@ def bench_generate(device: str, max_new: int, repeat: int) -> None:
 
 
 def bench_kvcache_kernel(repeat: int) -> None:
-    from attnbook.kernels.decode import default_num_splits, split_kv_forward
+    from attnbook.kernels.decode import default_num_splits, _split_kv_attention
 
     print("\none decode step, fp16, batch 1, 32 heads, 8 KV heads, head_dim 128 (times in microseconds)")
     print(f"{'cache len':>9} | {'sdpa':>8} {'1 split':>8} {'splits':>8} {'n':>4} | {'sdpa/splits':>11} {'max|diff|':>9}")
@@ -60,9 +60,9 @@ def bench_kvcache_kernel(repeat: int) -> None:
         seqlens = torch.tensor([S], device="cuda")
         sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # noqa: E731
         t_sdpa, ref = timed(sdpa, repeat)
-        t_one, _ = timed(lambda: split_kv_forward(q, k, v, seqlens, num_splits=1), repeat)
+        t_one, _ = timed(lambda: _split_kv_attention(q, k, v, seqlens, num_splits=1), repeat)
         n = default_num_splits(32, S)
-        t_split, out = timed(lambda: split_kv_forward(q, k, v, seqlens), repeat)
+        t_split, out = timed(lambda: _split_kv_attention(q, k, v, seqlens), repeat)
         diff = (out.float() - ref.float()).abs().max().item()
         print(f"{S:>9} | {t_sdpa * 1e6:>8.1f} {t_one * 1e6:>8.1f} {t_split * 1e6:>8.1f} {n:>4} | "
               f"{t_sdpa / t_split:>11.2f} {diff:>9.1e}")

@@ -36,63 +36,62 @@ and otter-grader (Gradescope); see
 :func:`~attnbook.course.notebooks.nbgrader_source` and
 :func:`~attnbook.course.notebooks.otter_master`.
 
+The checks of every chapter's exercises live here too (:mod:`attnbook.course.checks`),
+one module per chapter; a reader's notebook calls them through
+:mod:`attnbook.exercises`. The package loads its submodules when first touched, so a
+chapter that imports the checks loads neither the grader nor the sandbox.
+
 nbformat, jupyter_client and pyzmq come with the ``course`` extra: ``pip install
 "attnbook[course]"``.
 """
 
 from __future__ import annotations
 
-from . import cli, grader, notebooks, sandbox
-from .cli import main
-from .grader import grade, write_feedback
-from .notebooks import (
-    BEGIN,
-    END,
-    MIN_CELL_TIMEOUT,
-    OTTER_TEST,
-    SLOWEST_CELL,
-    STUB,
-    TIMEOUT_MARGIN,
-    WRITTEN_PROMPT,
-    cell_timeout,
-    expected_labels,
-    make_nbgrader_source,
-    make_otter_masters,
-    make_student_bundle,
-    nbgrader_config,
-    nbgrader_source,
-    otter_master,
-    slowest_cell,
-    strip_solutions,
-    written_exercises,
-)
+import importlib
 
-__all__ = [
-    "strip_solutions",
-    "make_student_bundle",
-    "nbgrader_source",
-    "make_nbgrader_source",
-    "expected_labels",
-    "written_exercises",
-    "slowest_cell",
-    "cell_timeout",
-    "nbgrader_config",
-    "otter_master",
-    "make_otter_masters",
-    "grade",
-    "write_feedback",
-    "main",
-    "cli",
-    "grader",
-    "notebooks",
-    "sandbox",
-    # the constants of the notebook editing, as the graders' exports and tests read them
-    "BEGIN",
-    "END",
-    "STUB",
-    "WRITTEN_PROMPT",
-    "SLOWEST_CELL",
-    "TIMEOUT_MARGIN",
-    "MIN_CELL_TIMEOUT",
-    "OTTER_TEST",
-]
+# where each public name lives; the submodules load when first touched
+_SUBMODULES = ("checks", "cli", "grader", "notebooks", "sandbox")
+_NAMES = {
+    "main": "cli",
+    "grade": "grader",
+    "write_feedback": "grader",
+    **{
+        name: "notebooks"
+        for name in (
+            "BEGIN",
+            "END",
+            "MIN_CELL_TIMEOUT",
+            "OTTER_TEST",
+            "SLOWEST_CELL",
+            "STUB",
+            "TIMEOUT_MARGIN",
+            "WRITTEN_PROMPT",
+            "cell_timeout",
+            "expected_labels",
+            "make_nbgrader_source",
+            "make_otter_masters",
+            "make_student_bundle",
+            "nbgrader_config",
+            "nbgrader_source",
+            "otter_master",
+            "slowest_cell",
+            "strip_solutions",
+            "written_exercises",
+        )
+    },
+}
+
+__all__ = sorted(_NAMES) + list(_SUBMODULES)
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
+    if name in _NAMES:
+        module = importlib.import_module(f".{_NAMES[name]}", __name__)
+        return getattr(module, name)
+    raise AttributeError(f"module 'attnbook.course' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SUBMODULES) | set(_NAMES))

@@ -17,7 +17,7 @@ chapter in four steps:
 3. **Check from outside.** A check cell is not run in the kernel. The grader evaluates
    the check (``attnbook.exercises.CHECKS``) in its own process on a stand-in for
    the student's answer (:class:`RemoteFunction`): each call sends the inputs, drawn
-   from a fresh secret seed (``attnbook.exercises.common.fresh_inputs``), to the
+   from a fresh secret seed (``attnbook.course.checks.common.fresh_inputs``), to the
    kernel, runs the student's function there, and brings back only the result, which
    is decoded as plain data (tensors, numbers, strings, lists; no code) and compared
    with the reference in the grader. Nothing the submission prints, writes or patches
@@ -1758,7 +1758,7 @@ def grade_notebook(
     ``note``. ``isolation`` (``"bwrap"`` or ``"none"``) is where the kernel runs; every
     row says it.
     """
-    from ..exercises import run_check
+    from .checks import run_check
 
     nbformat = _require("nbformat")
     limits = limits or sandbox.Limits()
@@ -1875,7 +1875,7 @@ def _grade_kernels(answers, checks, limits, guard, isolation) -> dict[str, dict]
     :func:`kernel_source`, defined in a fresh kernel of their own (the worker) and
     checked there through the book's launchers, each call from this process like any
     other check's."""
-    from ..exercises import run_check
+    from .checks import run_check
 
     rows: dict[str, dict] = {}
     try:
@@ -1925,11 +1925,12 @@ def _grade_kernels(answers, checks, limits, guard, isolation) -> dict[str, dict]
 
 def answer_references(steps: list[Step]) -> dict[str, set[str]]:
     """For each label, the qualified attnbook names its answer cells use, read from
-    their source by :func:`attnbook.exercises.library.references` with the cells that
-    run before each (the book's and the earlier answers) as its setup: what the check's
-    library policy is held to. An answer cell the reading cannot take apart uses
-    nothing it can name (the tampering detector reports what it cannot read)."""
-    from ..exercises.library import references
+    their source by :func:`attnbook.course.checks.library.references` with the
+    cells that run before each (the book's and the earlier answers) as its setup:
+    what the check's library policy is held to. An answer cell the reading cannot
+    take apart uses nothing it can name (the tampering detector reports what it
+    cannot read)."""
+    from .checks.library import references
 
     seen: list[str] = []
     found: dict[str, set[str]] = {}
@@ -2069,7 +2070,7 @@ def grade(
     ``"bwrap"`` (refuse to grade without it) or ``"none"``; see
     :func:`attnbook.course.grader.isolation_for`.
     """
-    from ..exercises.common import fresh_inputs
+    from .checks.common import fresh_inputs
 
     if isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1:
         raise ValueError(f"jobs must be a positive integer, got {jobs!r}")

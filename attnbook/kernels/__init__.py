@@ -45,7 +45,9 @@ import torch
 
 __all__ = [
     "MAX_HEAD_DIM",
+    "IN_HEAD_LIMIT",
     "KernelSupport",
+    "check_addressing",
     "compiled_fit",
     "plan",
     "plan_for",
@@ -56,6 +58,24 @@ __all__ = [
 MAX_HEAD_DIM = 256
 
 _KERNELS = ("flash", "block_sparse", "decode")
+
+#: Offsets within one head are 32-bit in the kernels (batch and head offsets 64-bit).
+IN_HEAD_LIMIT = 2**31
+
+
+def check_addressing(fn: str, **tensors: torch.Tensor) -> None:
+    """Refuse a ``(B, H, rows, cols)`` tensor whose rows of one head span
+    :data:`IN_HEAD_LIMIT` elements or more: the kernels address within a head in 32
+    bits. The entry points of :mod:`attnbook.attend` ask this before they launch."""
+    for name, t in tensors.items():
+        span = (t.shape[2] - 1) * t.stride(2) + (t.shape[3] - 1) * t.stride(3)
+        if span >= IN_HEAD_LIMIT:
+            raise ValueError(
+                f"{fn}: {name} {tuple(t.shape)} with strides {t.stride()} spans "
+                f"{span} elements within one head; the kernels address at most 2^31 "
+                "there (batch and head offsets are 64-bit): make each head's rows "
+                "closer together"
+            )
 
 
 def _triton_version() -> str | None:

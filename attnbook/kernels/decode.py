@@ -32,6 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._renamed import renamed
 from ..contract import check_int, check_sizes
 from ._compat import mend_interpreter
 
@@ -39,10 +40,12 @@ mend_interpreter()  # older Triton interpreters and NumPy 2.5: see _compat
 
 __all__ = [
     "MAX_HEAD_DIM",
-    "split_kv_forward",
     "default_num_splits",
     "variants",
 ]
+
+#: The launcher, private, with its PyTorch twin.
+_LAUNCHERS = {"_split_kv_attention": "attnbook.kvcache.split_kv_attention"}
 
 BLOCK_N = 32  # keys per split at least (and per tile, for head dims up to 64)
 MERGE_CHUNK = 16  # splits the merge kernel adds up at a time
@@ -240,7 +243,7 @@ def _tile_n(block_d: int) -> int:
 
 
 def variants(dtype: torch.dtype, head_dim: int, v_dim: int | None = None) -> list:
-    """The compiled forms :func:`split_kv_forward` launches on a GPU for ``dtype``,
+    """The compiled forms ``_split_kv_attention`` launches on a GPU for ``dtype``,
     ``head_dim`` and value width ``v_dim`` (default ``head_dim``): the split kernel
     and the merge kernel (one per ``BLOCK_S`` in ``MERGE_BLOCKS``), as
     :class:`attnbook.kernels.variants.Variant`."""
@@ -287,7 +290,7 @@ def variants(dtype: torch.dtype, head_dim: int, v_dim: int | None = None) -> lis
     return found
 
 
-def split_kv_forward(
+def _split_kv_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
@@ -366,20 +369,15 @@ def split_kv_forward(
     return out
 
 
-def __getattr__(name: str):
-    """``decode_attention``, this launcher's name until 0.1: one release with a
-    :class:`DeprecationWarning`, since :func:`attnbook.attend.decode_attention` is the
-    entry point of that name."""
-    if name == "decode_attention":
-        import warnings
+_ENTRY = "; call attnbook.attend.decode_attention, which validates and picks a backend"
+#: Old names of the launcher, one release each.
+_RENAMED = {
+    "decode_attention": ("attnbook.kernels.decode._split_kv_attention", _ENTRY),
+    "split_kv_forward": ("attnbook.kernels.decode._split_kv_attention", _ENTRY),
+}
 
-        warnings.warn(
-            "attnbook.kernels.decode.decode_attention is now "
-            "attnbook.kernels.decode.split_kv_forward (the Triton twin of "
-            "attnbook.kvcache.split_kv_attention); for the entry point that validates "
-            "and picks a backend, call attnbook.attend.decode_attention",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return split_kv_forward
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __getattr__(name: str):
+    """The launcher's old names, ``decode_attention`` (until 0.1) and
+    ``split_kv_forward``: one release with a :class:`DeprecationWarning`."""
+    return renamed(__name__, _RENAMED, name)

@@ -27,12 +27,16 @@ folded into ``log2(e) * scale``. On a GPU the tile configuration is autotuned ov
 the kernels run under Triton's interpreter (``TRITON_INTERPRET=1``), in float32 and
 float16 only, with one small tile.
 
-The launchers (:func:`flash_forward`, :func:`flash_backward`, their ``varlen_`` and
-``block_sparse_`` twins) trust their arguments: the entry points of
-:mod:`attnbook.attend` validate them once (the contract, then what these kernels take:
-head dims up to :data:`MAX_HEAD_DIM`, float16, bfloat16 or float32, mask blocks of a
-power of two >= 16) and call them. They check only what depends on the strides they
-are handed: each head's rows must lie within 2^31 elements.
+The launchers are private and named after their PyTorch twins: ``_flash_forward`` and
+``_flash_backward`` (:func:`attnbook.flash.flash_forward` and
+:func:`~attnbook.flash.flash_backward`), ``_block_sparse_attention_forward`` and
+``_block_sparse_attention_backward`` (:func:`attnbook.sparse.block_sparse_attention`),
+``_varlen_forward`` and ``_varlen_backward`` (packed sequences). They trust their
+arguments: the entry points of :mod:`attnbook.attend` validate them once (the contract,
+then what these kernels take: head dims up to :data:`MAX_HEAD_DIM`, float16, bfloat16
+or float32, each head's rows within 32-bit offsets
+(:func:`attnbook.kernels.check_addressing`), mask blocks of a power of two >= 16) and
+call them.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ import torch
 import triton
 import triton.language as tl
 
+from .._renamed import renamed
 from ..contract import check_sizes
 from . import tuning
 from ._compat import mend_interpreter
@@ -54,19 +59,22 @@ mend_interpreter()  # older Triton interpreters and NumPy 2.5: see _compat
 
 __all__ = [
     "MAX_HEAD_DIM",
-    "flash_forward",
-    "flash_backward",
-    "block_sparse_forward",
-    "block_sparse_backward",
-    "varlen_forward",
-    "varlen_backward",
     "variants",
 ]
+
+#: The launchers, private, each with its PyTorch twin: what they compute, in tiles.
+_LAUNCHERS = {
+    "_flash_forward": "attnbook.flash.flash_forward",
+    "_flash_backward": "attnbook.flash.flash_backward",
+    "_block_sparse_attention_forward": "attnbook.sparse.block_sparse_attention",
+    "_block_sparse_attention_backward": "attnbook.sparse.block_sparse_attention",
+    "_varlen_forward": None,  # PyTorch runs each packed sequence alone
+    "_varlen_backward": None,
+}
 
 _LOG2E = 1.4426950408889634
 #: The widest head the kernels take (FlashAttention-2's limit too).
 MAX_HEAD_DIM = 256
-_IN_HEAD_LIMIT = 2**31  # offsets within one head are 32-bit
 
 
 # --------------------------------------------------------------------------------------
@@ -787,20 +795,6 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def _check_offsets(fn: str, **tensors: torch.Tensor) -> None:
-    """Offsets within one head are 32-bit in the kernels (batch and head offsets are
-    64-bit): refuse a layout whose rows of one head span 2^31 elements or more."""
-    for name, t in tensors.items():
-        span = (t.shape[2] - 1) * t.stride(2) + (t.shape[3] - 1) * t.stride(3)
-        if span >= _IN_HEAD_LIMIT:
-            raise ValueError(
-                f"{fn}: {name} {tuple(t.shape)} with strides {t.stride()} spans "
-                f"{span} elements within one head; the kernels address at most 2^31 "
-                "there (batch and head offsets are 64-bit): make each head's rows "
-                "closer together"
-            )
-
-
 def _precision(q: torch.Tensor) -> str:
     """float32 inputs use exact fp32 products ("ieee"), as torch's float32 matmul does;
     not TF32."""
@@ -920,10 +914,8 @@ class _Layout:
         return (0, total) if self.varlen else (self.H * n, n)
 
 
-def _padded(fn: str, q, k, v) -> _Layout:
-    """The layout of ``(B, H, L, E)`` tensors, after the one check of the kernels'
-    addressing (:func:`_check_offsets`)."""
-    _check_offsets(fn, q=q, k=k, v=v)
+def _padded(q, k, v) -> _Layout:
+    """The layout of ``(B, H, L, E)`` tensors."""
     none = torch.empty(0, dtype=torch.int32, device=q.device)
     B, H, L, E = q.shape
     return _Layout(B, H, k.shape[1], L, k.shape[2], E, v.shape[3], none, none)
@@ -1030,8 +1022,6 @@ def _backward(
     B, H, H_kv, E, Ev = layout.B, layout.H, layout.H_kv, layout.E, layout.Ev
     scale = 1.0 / math.sqrt(E) if scale is None else scale
     args, flags = options
-    if not layout.varlen:
-        _check_offsets("flash_backward", out=out, grad_out=grad_out)
     lse = lse.float().contiguous()
     delta = torch.empty_like(lse)
     grid_q = lambda c: (triton.cdiv(layout.L, c.block_m), B * H)  # noqa: E731
@@ -1109,7 +1099,7 @@ def _backward(
     return dq, dk.to(k.dtype), dv.to(v.dtype)
 
 
-def flash_forward(
+def _flash_forward(
     q,
     k,
     v,
@@ -1126,12 +1116,12 @@ def flash_forward(
     :func:`attnbook.attend.flash_attention`: ``window_size``, ``alibi_slopes``,
     ``softcap``; tiles outside the window are never loaded. Validated by
     :func:`attnbook.attend.flash_attention`, which calls it."""
-    layout = _padded("flash_forward", q, k, v)
+    layout = _padded(q, k, v)
     options = _options(q, layout, is_causal, window_size, alibi_slopes, softcap)
     return _forward(q, k, v, layout, is_causal, scale, options)
 
 
-def flash_backward(
+def _flash_backward(
     q,
     k,
     v,
@@ -1147,16 +1137,13 @@ def flash_backward(
 ):
     """FlashAttention backward with Triton: ``(dq, dk, dv)`` from the saved ``out`` and
     ``lse``, with the forward's options."""
-    layout = _padded("flash_backward", q, k, v)
+    layout = _padded(q, k, v)
     options = _options(q, layout, is_causal, window_size, alibi_slopes, softcap)
     return _backward(q, k, v, out, lse, grad_out, layout, scale, options)
 
 
 def _packed(q, k, v, cu_q, cu_k, max_q, max_k) -> _Layout:
-    """The layout of packed ``(total, H, E)`` tensors, after the one check of the
-    kernels' addressing (:func:`_check_offsets`)."""
-    heads = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-    _check_offsets("varlen_forward", **dict(zip("qkv", heads)))
+    """The layout of packed ``(total, H, E)`` tensors."""
     total_q, H, E = q.shape
     return _Layout(
         len(cu_q) - 1, H, k.shape[1], max(1, max_q), max(1, max_k), E, v.shape[2],
@@ -1164,7 +1151,7 @@ def _packed(q, k, v, cu_q, cu_k, max_q, max_k) -> _Layout:
     )  # fmt: skip
 
 
-def varlen_forward(
+def _varlen_forward(
     q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
     is_causal: bool = False, scale: float | None = None,
     window_size: tuple[int, int] = (-1, -1),
@@ -1181,19 +1168,19 @@ def varlen_forward(
     return _forward(q, k, v, layout, is_causal, scale, options)
 
 
-def varlen_backward(
+def _varlen_backward(
     q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
     max_seqlen_k, *, is_causal: bool = False, scale: float | None = None,
     window_size: tuple[int, int] = (-1, -1),
     alibi_slopes: torch.Tensor | None = None, softcap: float = 0.0,
 ):  # fmt: skip
-    """Backward of :func:`varlen_forward`: ``(dq, dk, dv)`` in the packed layout."""
+    """Backward of ``_varlen_forward``: ``(dq, dk, dv)`` in the packed layout."""
     layout = _packed(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     options = _options(q, layout, is_causal, window_size, alibi_slopes, softcap)
     return _backward(q, k, v, out, lse, grad_out, layout, scale, options)
 
 
-def block_sparse_forward(
+def _block_sparse_attention_forward(
     q,
     k,
     v,
@@ -1212,17 +1199,17 @@ def block_sparse_forward(
     (a mask block may span several kernel tiles). Equal to
     :func:`attnbook.sparse.block_sparse_attention`; rows with no active key give zeros.
     With ``return_lse=True`` it returns ``(out, lse)``, what
-    :func:`block_sparse_backward` needs. Validated by
+    ``_block_sparse_attention_backward`` needs. Validated by
     :func:`attnbook.attend.block_sparse_flash_attention`, which calls it.
     """
-    layout = _padded("block_sparse_forward", q, k, v)
+    layout = _padded(q, k, v)
     index = _block_index(block_mask, q.device)
     options = _options(q, layout, is_causal, (-1, -1), None, 0.0)
     out, lse = _forward(q, k, v, layout, is_causal, scale, options, index, block_size)
     return (out, lse) if return_lse else out
 
 
-def block_sparse_backward(
+def _block_sparse_attention_backward(
     q,
     k,
     v,
@@ -1235,11 +1222,11 @@ def block_sparse_backward(
     is_causal: bool = False,
     scale: float | None = None,
 ):
-    """Backward of :func:`block_sparse_forward`: ``(dq, dk, dv)``. The dK/dV kernel
-    walks each key block's column of ``block_mask`` (compressed-sparse-column
+    """Backward of ``_block_sparse_attention_forward``: ``(dq, dk, dv)``. The dK/dV
+    kernel walks each key block's column of ``block_mask`` (compressed-sparse-column
     indices), the dQ kernel each query block's row, so inactive tiles cost nothing
     here either."""
-    layout = _padded("block_sparse_backward", q, k, v)
+    layout = _padded(q, k, v)
     rows = _block_index(block_mask, q.device)
     cols = _block_index(block_mask, q.device, by_columns=True)
     options = _options(q, layout, is_causal, (-1, -1), None, 0.0)
@@ -1367,3 +1354,22 @@ def variants(
             )
         )
     return found
+
+
+_ENTRY = "; call the entry point in attnbook.attend: it validates and picks a backend"
+#: The launchers' public names until they became private, one release each.
+_RENAMED = {
+    old: (f"attnbook.kernels.flash_triton._{new}", _ENTRY)
+    for old, new in {
+        "flash_forward": "flash_forward",
+        "flash_backward": "flash_backward",
+        "varlen_forward": "varlen_forward",
+        "varlen_backward": "varlen_backward",
+        "block_sparse_forward": "block_sparse_attention_forward",
+        "block_sparse_backward": "block_sparse_attention_backward",
+    }.items()
+}
+
+
+def __getattr__(name: str):
+    return renamed(__name__, _RENAMED, name)

@@ -312,8 +312,9 @@ def test_api_reference_documents_every_public_module():
     modules = {f"attnbook.{p.stem}" for p in (ROOT / "attnbook").glob("*.py") if not p.stem.startswith("_")} - moved
     modules |= {"attnbook.course"} | {f"attnbook.course.{p.stem}" for p in (ROOT / "attnbook" / "course").glob("*.py")
                                       if not p.stem.startswith("_")}
-    modules.add("attnbook.exercises")  # the registry; its per-chapter submodules hold only the checks
-    modules.add("attnbook.exercises.library")  # the checks' library policies, which the grader reads too
+    # the checks' registry (its per-chapter submodules hold only the checks) and their library
+    # policies, which the grader reads too
+    modules |= {"attnbook.course.checks", "attnbook.course.checks.library"}
     modules |= {f"attnbook.kernels.{p.stem}" for p in (ROOT / "attnbook" / "kernels").glob("*.py")
                 if not p.stem.startswith("_")}
     modules.add("attnbook.kernels")

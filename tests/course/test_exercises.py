@@ -16,9 +16,10 @@ import pytest
 import torch
 from IPython.core.inputtransformer2 import TransformerManager
 
-from attnbook import course, exercises
+from attnbook import course
+from attnbook.course import checks as exercises  # the registry behind attnbook.exercises
 from attnbook.exercises import CheckResult, check, labels, register
-from attnbook.exercises.library import allowed
+from attnbook.course.checks.library import allowed
 
 ANY = allowed("A test check: its answer may use anything.")
 
@@ -439,3 +440,12 @@ def test_connections_linear_attention_ssm_rejects_a_symmetric_a_transposed_and_a
     assert not result and "n=1, gamma=0.9: M[t, s] for (t, s) = (0, 0) should be 1" in result.message
     result = check("connections-linear-attention-ssm", lambda n, g: torch.ones(n, n, dtype=torch.bool).tril())
     assert not result and "return a float torch.Tensor, got Tensor of dtype torch.bool" in result.message
+
+
+def test_the_name_chapters_call_forwards_to_the_course_kits_checks():
+    import attnbook.exercises as reader
+
+    for name in reader.__all__:
+        assert getattr(reader, name) is getattr(exercises, name), name
+    assert reader.check("attention-sqrt-dk", None).passed is False  # the real registry
+    assert set(reader.labels()) == set(exercises.CHECKS) and len(reader.labels()) >= 60

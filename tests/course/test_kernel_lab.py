@@ -26,11 +26,12 @@ import torch
 import triton.language as tl
 
 import attnbook.kernels.lab as lab
-from attnbook import course, exercises
+from attnbook import course
+from attnbook.course import checks as exercises  # the registry behind attnbook.exercises
 from attnbook.course import grader, sandbox
 from attnbook.core import scaled_dot_product_attention
 from attnbook.exercises import check, run_check
-from attnbook.kernels.flash_triton import flash_forward
+from attnbook.kernels.flash_triton import _flash_forward
 from test_wrong_answers_kernel_lab import CHAPTER, _SOLUTIONS, wrong_kernel
 
 
@@ -117,7 +118,7 @@ def test_a_stub_is_not_attempted_and_compiles_to_nothing():
     (*BACKWARD, "kernel-lab-attention-backward", lab.attention_backward),
     (*SPARSE, "kernel-lab-block-sparse", lab.block_sparse_forward)])  # fmt: skip
 def test_each_check_accepts_the_chapters_solution_on_fresh_inputs(cell, name, label, launcher):
-    from attnbook.exercises.common import fresh_inputs
+    from attnbook.course.checks.common import fresh_inputs
 
     with fresh_inputs(2**40 + 11):
         assert run_check(label, functools.partial(launcher, solution(cell, name))).passed
@@ -129,12 +130,12 @@ def test_each_check_accepts_the_chapters_solution_on_fresh_inputs(cell, name, la
 def test_recorder_sees_the_packages_causal_kernel_skip_the_upper_triangle(gen):
     q, k, v = (torch.randn(1, 1, 96, 16, generator=gen) for _ in range(3))
     with lab.record_loads(Q=q, K=k, V=v) as record:
-        flash_forward(q, k, v, is_causal=True)
+        _flash_forward(q, k, v, is_causal=True)
     block = 32  # the package's tile under the interpreter
     assert record.tiles("K", block) == {(i, 0, 0): list(range(i + 1)) for i in range(3)}
     assert record.tiles("Q", block) == {(i, 0, 0): [i] for i in range(3)}
     with lab.record_loads(K=k) as dense:
-        flash_forward(q, k, v, is_causal=False)
+        _flash_forward(q, k, v, is_causal=False)
     assert all(tiles == [0, 1, 2] for tiles in dense.tiles("K", block).values())
 
 
@@ -214,8 +215,8 @@ def test_a_load_outside_its_tensor_raises_and_says_where_and_why(gen):
 def test_the_attention_checks_draw_every_residue_of_s_minus_l_and_a_thousand_tokens(salt):
     """The causal bound off by one shows for one residue of S - L modulo the tiles, float16
     accumulators past a thousand keys or queries: every run of a check has both, whatever its seed."""
-    from attnbook.exercises import kernel_lab as checks
-    from attnbook.exercises.common import fresh_inputs, generator
+    from attnbook.course.checks import kernel_lab as checks
+    from attnbook.course.checks.common import fresh_inputs, generator
 
     with fresh_inputs(salt):
         forward = checks._attention_shapes(generator(252), checks._long_forward(generator(1)))
@@ -530,7 +531,7 @@ run = JITFunction.run
 q, k, v = (torch.randn(1, 1, 64, 16, generator=torch.Generator().manual_seed(i))
            for i in range(3))
 with lab.record_loads(Q=q, K=k, V=v) as record:
-    out, _ = flash_triton.flash_forward(q, k, v, is_causal=True)
+    out, _ = flash_triton._flash_forward(q, k, v, is_causal=True)
 exact = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 sys.path.insert(0, sys.argv[1])
 from solutions import softmax_kernel  # defined here with the interpreter off

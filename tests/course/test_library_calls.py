@@ -19,9 +19,10 @@ import nbformat
 import pytest
 
 import attnbook
-from attnbook import core, exercises
-from attnbook.exercises import library
-from attnbook.exercises.library import Library, allowed, code_references, forbid, references, violations
+from attnbook import core
+from attnbook.course import checks as exercises  # the registry behind attnbook.exercises
+from attnbook.course.checks import library
+from attnbook.course.checks.library import Library, allowed, code_references, forbid, references, violations
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
@@ -413,7 +414,7 @@ def test_the_guides_trust_model_table_is_the_generated_one():
     section = guide.split("(course-trust-library)=")[1].split("\n(course-")[0]
     table = library.policy_table()
     start = section.find(table.splitlines()[0])
-    assert start >= 0, "course.md's trust model has no library table: paste attnbook.exercises.library.policy_table()"
+    assert start >= 0, "course.md's trust model has no library table: paste attnbook.course.checks.library.policy_table()"
     committed = section[start:].split("\n\n")[0].rstrip("\n") + "\n"
     assert committed == table, "course.md's library table differs from the policies: regenerate it with policy_table()"
     assert table.count("\n| `") == len(LABELS)

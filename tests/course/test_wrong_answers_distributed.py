@@ -11,7 +11,7 @@ from attnbook.distributed import (
     shard_positions,
     ulysses_bytes_per_rank,
 )
-from attnbook.exercises import common, distributed
+from attnbook.course.checks import common, distributed
 
 
 # distributed-zigzag-positions: the book's solution with one thing changed

@@ -5,7 +5,7 @@ import pytest
 import torch
 from wrong_answers import Mistake, mistake_test, verdict
 
-from attnbook.exercises import common, serving
+from attnbook.course.checks import common, serving
 from attnbook.serving import (
     SinkKVCache,
     cache_bytes_per_token,

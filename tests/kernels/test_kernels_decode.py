@@ -2,7 +2,7 @@
 
 No GPU here: TRITON_INTERPRET=1 runs the kernel program by program on CPU tensors (slow, so the
 shapes are small and ragged). It must be set before triton is imported. The launcher
-(``kernels.decode.split_kv_forward``) trusts its inputs; what it cannot take is refused by the
+(``kernels.decode._split_kv_attention``) trusts its inputs; what it cannot take is refused by the
 entry point that launches it, ``attnbook.attend.decode_attention(..., backend="triton")``.
 """
 
@@ -15,7 +15,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from attnbook.attend import decode_attention as _decode_attention  # noqa: E402
-from attnbook.kernels.decode import BLOCK_N, default_num_splits, split_kv_forward  # noqa: E402
+from attnbook.kernels.decode import BLOCK_N, default_num_splits, _split_kv_attention  # noqa: E402
 from attnbook.kvcache import split_kv_attention  # noqa: E402
 
 
@@ -53,7 +53,7 @@ CASES = [  # (B, H, H_kv, S, d, seqlens, num_splits): lengths 1, 17, 100, 130 ar
 def test_decode_kernel_equals_sdpa_over_each_valid_prefix(B, H, H_kv, S, d, seqlens, num_splits, dtype):
     q, k, v = make(B, H, H_kv, S, d, dtype, seed=S + d)
     seqlens = torch.tensor(seqlens)
-    out = split_kv_forward(q, k, v, seqlens, num_splits=num_splits)
+    out = _split_kv_attention(q, k, v, seqlens, num_splits=num_splits)
     assert out.shape == q.shape and out.dtype == dtype
     expected = reference(q, k, v, seqlens)
     if dtype == torch.float32:
@@ -67,7 +67,7 @@ def test_decode_kernel_equals_sdpa_over_each_valid_prefix(B, H, H_kv, S, d, seql
 def test_kernel_equals_the_pytorch_split_reference_and_does_not_depend_on_num_splits():
     q, k, v = make(2, 2, 1, 90, 16, torch.float32, seed=1)
     seqlens = torch.tensor([90, 41])
-    outs = [split_kv_forward(q, k, v, seqlens, num_splits=n) for n in (1, 2, 3)]
+    outs = [_split_kv_attention(q, k, v, seqlens, num_splits=n) for n in (1, 2, 3)]
     for n, out in zip((1, 2, 3), outs):
         torch.testing.assert_close(out, split_kv_attention(q, k, v, seqlens, num_splits=n), atol=1e-6, rtol=1e-5)
         torch.testing.assert_close(out, outs[0], atol=1e-6, rtol=1e-5)
@@ -79,7 +79,7 @@ def test_kernel_reads_a_strided_cache_view_and_validates_arguments():
     big_k, big_v = torch.zeros(2, 2, 96, 16), torch.zeros(2, 2, 96, 16)
     big_k[:, :, :40], big_v[:, :, :40] = k, v
     seqlens = torch.tensor([40, 23])
-    torch.testing.assert_close(split_kv_forward(q, big_k[:, :, :40], big_v[:, :, :40], seqlens, num_splits=2),
+    torch.testing.assert_close(_split_kv_attention(q, big_k[:, :, :40], big_v[:, :, :40], seqlens, num_splits=2),
                                reference(q, k, v, seqlens), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="cache_seqlens"):
         decode_attention(q, k, v, torch.tensor([41, 1]))
@@ -109,7 +109,7 @@ def test_any_head_dim_up_to_256_and_values_of_another_width(d, dv):
     k = torch.randn(2, 2, 70, d, generator=g)
     v = torch.randn(2, 2, 70, dv, generator=g)
     seqlens = torch.tensor([70, 33])
-    out = split_kv_forward(q, k, v, seqlens, num_splits=3)
+    out = _split_kv_attention(q, k, v, seqlens, num_splits=3)
     assert out.shape == (2, 4, 1, dv)
     torch.testing.assert_close(out, reference(q, k, v, seqlens), atol=1e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="head_dim of q .* at most 256"):
@@ -128,7 +128,7 @@ def test_cache_offsets_past_two_to_the_31_elements():
         k[b] = torch.randn(1, S, d, generator=g).half()
     q, v = torch.randn(3, 1, 1, d, generator=g).half(), torch.randn(3, 1, S, d, generator=g).half()
     seqlens = torch.tensor([40, 17, 33])
-    out = split_kv_forward(q, k, v, seqlens, num_splits=2)
+    out = _split_kv_attention(q, k, v, seqlens, num_splits=2)
     torch.testing.assert_close(out.float(), reference(q, k, v, seqlens), atol=2e-3, rtol=2e-3)
 
 
@@ -156,12 +156,12 @@ def test_the_kernel_without_a_gpu_or_the_interpreter_says_how_to_get_one(monkeyp
 
 def test_the_launchers_old_name_warns_for_one_release():
     """kernels.decode.decode_attention was the launcher's name, beside the entry point of the same
-    name; it is split_kv_forward now, the Triton twin of kvcache.split_kv_attention."""
+    name; it is _split_kv_attention now, the Triton twin of kvcache.split_kv_attention."""
     import attnbook.kernels.decode as decode
 
-    with pytest.warns(DeprecationWarning, match="split_kv_forward"):
+    with pytest.warns(DeprecationWarning, match="_split_kv_attention"):
         old = decode.decode_attention
-    assert old is split_kv_forward
+    assert old is _split_kv_attention
     with pytest.warns(DeprecationWarning):
         from attnbook.kernels.decode import decode_attention as imported  # noqa: F401
     assert "decode_attention" not in decode.__all__

@@ -24,7 +24,7 @@ if os.environ["TRITON_INTERPRET"] != "1":  # pragma: no cover - only when a GPU 
 
 from attnbook.core import scaled_dot_product_attention  # noqa: E402
 from attnbook.attend import block_sparse_flash_attention, flash_attention  # noqa: E402
-from attnbook.kernels.flash_triton import block_sparse_forward, flash_forward  # noqa: E402
+from attnbook.kernels.flash_triton import _block_sparse_attention_forward, _flash_forward  # noqa: E402
 from attnbook.sparse import bigbird_block_mask, block_sparse_attention, sliding_window_mask  # noqa: E402
 
 ATOL = {torch.float32: 1e-5, torch.float16: 1e-4}
@@ -95,7 +95,7 @@ def _check_against_pytorch(gen, L, S, E, causal, H, H_kv, dtype, Ev=None):
 
 def test_queries_that_see_no_key_give_zeros_and_minus_inf_lse(gen):
     q, k, v = _inputs(gen, 40, 17, 16)
-    out, lse = flash_forward(q, k, v, is_causal=True)  # bottom-right: query i sees keys j <= i - 23
+    out, lse = _flash_forward(q, k, v, is_causal=True)  # bottom-right: query i sees keys j <= i - 23
     assert torch.all(out[:, :, :23] == 0) and torch.all(lse[:, :, :23] == float("-inf"))
     assert torch.isfinite(lse[:, :, 23:]).all()
     expected = torch.logsumexp(q.double() @ k.double().transpose(-1, -2) / 4.0, dim=-1)
@@ -123,7 +123,7 @@ def test_block_sparse_kernel_skips_inactive_blocks(gen):
     q, k, v = _inputs(gen, 64, 64, 16)
     k[:, :, 32:] = float("nan")
     block_mask = torch.tensor([[True, False], [True, False]])
-    out = block_sparse_forward(q, k, v, block_mask, 32)
+    out = _block_sparse_attention_forward(q, k, v, block_mask, 32)
     assert torch.isfinite(out).all()
     expected = scaled_dot_product_attention(q, k[:, :, :32], v[:, :, :32])
     torch.testing.assert_close(out, expected, atol=2e-6, rtol=1e-5)
@@ -162,9 +162,9 @@ def test_inputs_in_the_hugging_face_layout_are_read_where_they_lie(gen, monkeypa
     real_launch = flash_triton._launch
     monkeypatch.setattr(flash_triton, "_launch", lambda kernel, fn, grid, args, *rest: (
         launched.append((kernel, args)), real_launch(kernel, fn, grid, args, *rest))[1])
-    out, lse = flash_forward(q, k, v, is_causal=True)
+    out, lse = _flash_forward(q, k, v, is_causal=True)
     grad_out = torch.randn(B, L, H, E, generator=gen).transpose(1, 2)
-    dq, dk, dv = flash_triton.flash_backward(q, k, v, out, lse, grad_out, is_causal=True)
+    dq, dk, dv = flash_triton._flash_backward(q, k, v, out, lse, grad_out, is_causal=True)
     fwd_args = launched[0][1]
     assert fwd_args[0] is q and fwd_args[1] is k and fwd_args[2] is v
     dkdv_args = dict(launched)["flash_bwd_dkdv"]
@@ -187,7 +187,7 @@ def test_offsets_past_two_to_the_31_elements(gen):
         q[b] = torch.randn(1, L, E, generator=gen).half()
     assert q.storage_offset() + 2 * q.stride(0) >= 2**31
     k, v = (torch.randn(3, 1, L, E, generator=gen).half() for _ in range(2))
-    out, _ = flash_forward(q, k, v, is_causal=True)
+    out, _ = _flash_forward(q, k, v, is_causal=True)
     expected = scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True)
     torch.testing.assert_close(out.float(), expected, atol=2e-3, rtol=2e-3)
     grads = flash_triton_backward(q, k, v, out, torch.randn(3, 1, L, E, generator=gen).half())
@@ -195,17 +195,18 @@ def test_offsets_past_two_to_the_31_elements(gen):
 
 
 def flash_triton_backward(q, k, v, out, grad_out):
-    from attnbook.kernels.flash_triton import flash_backward
+    from attnbook.kernels.flash_triton import _flash_backward
 
-    _, lse = flash_forward(q, k, v, is_causal=True)
-    return flash_backward(q, k, v, out, lse, grad_out, is_causal=True)
+    _, lse = _flash_forward(q, k, v, is_causal=True)
+    return _flash_backward(q, k, v, out, lse, grad_out, is_causal=True)
 
 
 def test_a_head_whose_rows_span_2_to_the_31_elements_is_refused(gen):
     storage = torch.empty(2**31 + 16, dtype=torch.float16)  # reserved, never touched
     q = storage.as_strided((1, 1, 2, 16), (0, 0, 2**31, 1))
-    with pytest.raises(ValueError, match="spans .* elements within one head"):
-        flash_forward(q, torch.zeros(1, 1, 2, 16).half(), torch.zeros(1, 1, 2, 16).half())
+    kv = torch.zeros(1, 1, 2, 16).half()
+    with pytest.raises(ValueError, match="flash_attention: q .* spans .* elements within one head"):
+        flash_attention(q, kv, kv, backend="triton")
 
 
 def _dense_mask(block_mask, block, L, S):
@@ -262,14 +263,14 @@ def test_block_sparse_gradients_are_the_same_on_both_backends(gen):
 
 def test_block_sparse_backward_skips_inactive_blocks(gen):
     """NaN in keys, values and queries outside the active tiles cannot reach any gradient."""
-    from attnbook.kernels.flash_triton import block_sparse_backward
+    from attnbook.kernels.flash_triton import _block_sparse_attention_backward
 
     q, k, v = _inputs(gen, 64, 64, 16)
     k[:, :, 32:] = float("nan")
     v[:, :, 32:] = float("nan")
     block_mask = torch.tensor([[True, False], [True, False]])
-    out, lse = block_sparse_forward(q, k, v, block_mask, 32, return_lse=True)
-    dq, dk, dv = block_sparse_backward(q, k, v, out, lse, torch.ones_like(out), block_mask, 32)
+    out, lse = _block_sparse_attention_forward(q, k, v, block_mask, 32, return_lse=True)
+    dq, dk, dv = _block_sparse_attention_backward(q, k, v, out, lse, torch.ones_like(out), block_mask, 32)
     assert torch.isfinite(dq).all() and torch.isfinite(dk[:, :, :32]).all() and torch.isfinite(dv[:, :, :32]).all()
     assert (dk[:, :, 32:] == 0).all() and (dv[:, :, 32:] == 0).all()
 
@@ -330,15 +331,15 @@ def test_fused_options_in_the_kernels(gen, L, S, E, H, H_kv, causal, window, ali
 def test_the_kernel_never_loads_tiles_outside_the_window(gen):
     """NaN keys and values far behind every query's window cannot reach the output or the gradients if
     their tiles are never loaded (a masked NaN would still poison the products: 0 * NaN = NaN)."""
-    from attnbook.kernels.flash_triton import flash_backward
+    from attnbook.kernels.flash_triton import _flash_backward
 
     L = 128
     q, k, v = _inputs(gen, L, L, 16)
     # query tile 96..127 with window 16 sees keys >= 80; the first 64 keys are never needed there
     k[:, :, :64], v[:, :, :64] = float("nan"), float("nan")
-    out, lse = flash_forward(q, k, v, is_causal=True, window_size=(16, 0))
+    out, lse = _flash_forward(q, k, v, is_causal=True, window_size=(16, 0))
     assert torch.isfinite(out[:, :, 96:]).all() and torch.isnan(out[:, :, :64]).all()
-    dq, _, _ = flash_backward(q, k, v, out, lse, torch.ones_like(out), is_causal=True, window_size=(16, 0))
+    dq, _, _ = _flash_backward(q, k, v, out, lse, torch.ones_like(out), is_causal=True, window_size=(16, 0))
     assert torch.isfinite(dq[:, :, 96:]).all()
 
 

@@ -30,7 +30,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":  # pragma: no cover - only on a GP
 
 from attnbook.flash import block_sparse_flash_attention, flash_attention  # noqa: E402
 from attnbook.kernels import tuning  # noqa: E402
-from attnbook.kernels.decode import split_kv_forward  # noqa: E402
+from attnbook.kernels.decode import _split_kv_attention  # noqa: E402
 
 CAPABILITY = torch.cuda.get_device_capability()
 DTYPES = [torch.float16] + ([torch.bfloat16] if CAPABILITY >= (8, 0) else [])
@@ -111,7 +111,7 @@ def test_decode_kernel(dtype, d):
     q = torch.randn(4, 8, 1, d, device="cuda", generator=g)
     k, v = (torch.randn(4, 2, 4096, d, device="cuda", generator=g) for _ in range(2))
     seqlens = torch.tensor([4096, 1, 1000, 3333], device="cuda")
-    out = split_kv_forward(q.to(dtype), k.to(dtype), v.to(dtype), seqlens).float()
+    out = _split_kv_attention(q.to(dtype), k.to(dtype), v.to(dtype), seqlens).float()
     for b, n in enumerate(seqlens.tolist()):
         exact = _sdpa_gqa(False)(q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n])
         same = _sdpa_gqa(False)(*(t.to(dtype) for t in (q[b:b + 1], k[b:b + 1, :, :n], v[b:b + 1, :, :n])))

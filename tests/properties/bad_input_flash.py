@@ -13,29 +13,29 @@ from attnbook.flash import (
     hbm_accesses,
     key_range,
     plan_tiles,
-    tiled_attention_backward,
-    tiled_attention_forward,
+    flash_backward,
+    flash_forward,
 )
 
 _G = torch.Generator().manual_seed(0)
 _Q = torch.randn(1, 2, 6, 4, generator=_G)
-_OUT, _LSE = tiled_attention_forward(_Q, _Q, _Q)
+_OUT, _LSE = flash_forward(_Q, _Q, _Q)
 
 ROWS = [
     Bad("key_range", "non-integer", lambda: key_range(0, 4.0, 10, 10), ("key_range", "i1")),
     Bad("key_range", "negative", lambda: key_range(0, 4, -1, 10), ("key_range", "L")),
     Bad("key_range", "out-of-range", lambda: key_range(0, 4, 10, 10, window_size=(-2, 0)),
         ("key_range", "window_size")),
-    Bad("tiled_attention_forward", "non-integer", lambda: tiled_attention_forward(_Q, _Q, _Q, block_q=2.5),
-        ("tiled_attention_forward", "block_q")),
-    Bad("tiled_attention_forward", "negative", lambda: tiled_attention_forward(_Q, _Q, _Q, block_k=-1),
-        ("tiled_attention_forward", "block_k")),
-    Bad("tiled_attention_forward", "nan", lambda: tiled_attention_forward(_Q, _Q, _Q, scale=math.nan),
-        ("tiled_attention_forward", "scale")),
-    Bad("tiled_attention_backward", "zero", lambda: tiled_attention_backward(_Q, _Q, _Q, _OUT, _LSE, _OUT, block_q=0),
-        ("tiled_attention_backward", "block_q")),
-    Bad("tiled_attention_backward", "wrong-shape", lambda: tiled_attention_backward(
-        _Q, _Q, _Q, _OUT, _LSE, _OUT[..., :2]), ("tiled_attention_backward", "grad_out")),
+    Bad("flash_forward", "non-integer", lambda: flash_forward(_Q, _Q, _Q, block_q=2.5),
+        ("flash_forward", "block_q")),
+    Bad("flash_forward", "negative", lambda: flash_forward(_Q, _Q, _Q, block_k=-1),
+        ("flash_forward", "block_k")),
+    Bad("flash_forward", "nan", lambda: flash_forward(_Q, _Q, _Q, scale=math.nan),
+        ("flash_forward", "scale")),
+    Bad("flash_backward", "zero", lambda: flash_backward(_Q, _Q, _Q, _OUT, _LSE, _OUT, block_q=0),
+        ("flash_backward", "block_q")),
+    Bad("flash_backward", "wrong-shape", lambda: flash_backward(
+        _Q, _Q, _Q, _OUT, _LSE, _OUT[..., :2]), ("flash_backward", "grad_out")),
     Bad("plan_tiles", "zero", lambda: plan_tiles(0), ("plan_tiles", "head_dim")),
     Bad("plan_tiles", "non-integer", lambda: plan_tiles(64, l2_bytes=2.5e5), ("plan_tiles", "l2_bytes")),
     Bad("plan_tiles", "integer-dtype", lambda: plan_tiles(64, dtype=torch.int32), ("plan_tiles", "dtype")),

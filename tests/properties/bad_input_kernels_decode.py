@@ -1,5 +1,5 @@
 """Bad-input rows of attnbook.kernels.decode (see tests/properties/test_bad_input.py). Its launcher,
-``split_kv_forward``, trusts its inputs: ``attend.decode_attention(..., backend="triton")``
+``_split_kv_attention``, trusts its inputs: ``attend.decode_attention(..., backend="triton")``
 validates them once, so their rows live in tests/properties/bad_input_attend.py."""
 
 from __future__ import annotations
@@ -21,6 +21,4 @@ ROWS = [
 
 EXEMPT = {
     "MAX_HEAD_DIM": "a constant",
-    "split_kv_forward": "a launcher that trusts its inputs: attend.decode_attention validates them "
-                        "(rows in bad_input_attend.py)",
 }

@@ -1,6 +1,6 @@
 """Bad-input rows of attnbook.kernels.flash_triton (see tests/properties/test_bad_input.py).
 
-The launchers trust their inputs: attnbook.attend's entry points validate them once (the
+The launchers (private, in ``_LAUNCHERS``) trust their inputs: attnbook.attend's entry points validate them once (the
 contract, and what these kernels take) and call them, so their rows live in
 tests/properties/bad_input_attend.py, as calls with ``backend="triton"``."""
 
@@ -16,13 +16,6 @@ ROWS = [
     Bad("variants", "non-integer", lambda: variants(torch.float16, 6.5), ("variants", "head_dim")),
 ]
 
-_LAUNCHER = "a launcher that trusts its inputs: {} validates them (rows in bad_input_attend.py)"
 EXEMPT = {
     "MAX_HEAD_DIM": "a constant (FlashAttention-2's head-dim limit)",
-    "flash_forward": _LAUNCHER.format("attend.flash_attention"),
-    "flash_backward": _LAUNCHER.format("attend.flash_attention"),
-    "varlen_forward": _LAUNCHER.format("attend.flash_attention_varlen"),
-    "varlen_backward": _LAUNCHER.format("attend.flash_attention_varlen"),
-    "block_sparse_forward": _LAUNCHER.format("attend.block_sparse_flash_attention"),
-    "block_sparse_backward": _LAUNCHER.format("attend.block_sparse_flash_attention"),
 }

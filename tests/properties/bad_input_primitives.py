@@ -6,14 +6,14 @@ from __future__ import annotations
 import torch
 from test_bad_input import Bad
 
-from attnbook.flash import tiled_attention_forward
+from attnbook.flash import flash_forward
 from attnbook.primitives import merge_partials, online_softmax, online_softmax_step
 
 _G = torch.Generator().manual_seed(0)
 _Q = torch.randn(1, 2, 6, 4, generator=_G)
 _X = torch.randn(3, 10, generator=_G)
 _M, _L = torch.zeros(3), torch.ones(3)
-_OUT, _LSE = tiled_attention_forward(_Q, _Q, _Q)
+_OUT, _LSE = flash_forward(_Q, _Q, _Q)
 
 ROWS = [
     Bad("online_softmax", "zero", lambda: online_softmax(_X, 0), ("online_softmax", "block_size")),

@@ -34,7 +34,8 @@ def _entry_points() -> set[str]:
     found = set()
     for name in MODULES:
         module = importlib.import_module(f"attnbook.{name}")
-        for attr in getattr(module, "__all__", []):
+        # the public names, and the Triton launchers (private, behind attnbook.attend)
+        for attr in [*getattr(module, "__all__", []), *getattr(module, "_LAUNCHERS", {})]:
             obj = getattr(module, attr)
             if inspect.isfunction(obj):
                 params = list(inspect.signature(obj).parameters)[:3]
@@ -102,8 +103,8 @@ CASES: dict[str, Case] = {
         reference="hard", causal=False, mask=True),
     "attend.flash_attention": Case(_flags_only(attend.flash_attention)),
     "flex.flex_reference": Case(_flex_reference),
-    "flash.tiled_attention_forward": Case(
-        lambda q, k, v, is_causal, scale, attn_mask, like: flash.tiled_attention_forward(
+    "flash.flash_forward": Case(
+        lambda q, k, v, is_causal, scale, attn_mask, like: flash.flash_forward(
             q, k, v, is_causal=is_causal, scale=scale, block_q=3, block_k=2)[0]),
     "attend.block_sparse_flash_attention": Case(
         lambda q, k, v, is_causal, scale, attn_mask, like: attend.block_sparse_flash_attention(
@@ -148,22 +149,22 @@ CASES: dict[str, Case] = {
 # Entry points that take q, k, v but are not a forward attention: they keep their own
 # reference tests, and still face the bad-input battery.
 NOT_FORWARD = {
-    "flash.tiled_attention_backward": "a backward pass; tests/unit/test_flash.py checks it against autograd",
-    "kernels.flash_triton.flash_backward": "the Triton backward pass; tests/kernels/test_kernels_flash.py",
-    "kernels.flash_triton.block_sparse_backward": "the Triton block-sparse backward pass; "
+    "flash.flash_backward": "a backward pass; tests/unit/test_flash.py checks it against autograd",
+    "kernels.flash_triton._flash_backward": "the Triton backward pass; tests/kernels/test_kernels_flash.py",
+    "kernels.flash_triton._block_sparse_attention_backward": "the Triton block-sparse backward pass; "
                                                   "tests/kernels/test_kernels_flash.py",
     "linear.linear_attention_step": "one recurrent step; tests/unit/test_linear.py runs it step by step",
     "attend.flash_attention_varlen": "packed (total, H, E) sequences with cu_seqlens; tests/unit/test_flash.py "
                                     "checks it against each sequence alone and its bad inputs",
-    "kernels.flash_triton.varlen_forward": "the Triton kernels of flash_attention_varlen; "
+    "kernels.flash_triton._varlen_forward": "the Triton kernels of flash_attention_varlen; "
                                            "tests/kernels/test_kernels_flash.py",
-    "kernels.flash_triton.varlen_backward": "the Triton backward of flash_attention_varlen; "
+    "kernels.flash_triton._varlen_backward": "the Triton backward of flash_attention_varlen; "
                                             "tests/kernels/test_kernels_flash.py",
     "linear.delta_rule_attention": "not an average of values (it overwrites); tests/unit/test_linear.py",
 }
 KERNELS = {  # Triton under the CPU interpreter: slow, so one small 4-D case each
-    "kernels.flash_triton.flash_forward", "kernels.flash_triton.block_sparse_forward",
-    "kernels.decode.split_kv_forward",
+    "kernels.flash_triton._flash_forward", "kernels.flash_triton._block_sparse_attention_forward",
+    "kernels.decode._split_kv_attention",
 }
 
 
@@ -303,21 +304,21 @@ BAD_INPUTS = {  # what to break -> (error types, a word the message must contain
 def _bad_call(name, like):
     if name in CASES:
         return lambda q, k, v: CASES[name].call(q, k, v, False, None, None, like)
-    if name == "flash.tiled_attention_backward":
-        return lambda q, k, v: flash.tiled_attention_backward(q, k, v, q, q, q)
+    if name == "flash.flash_backward":
+        return lambda q, k, v: flash.flash_backward(q, k, v, q, q, q)
     if name == "linear.delta_rule_attention":
         return lambda q, k, v: linear.delta_rule_attention(q, k, v, 1.0)
     return None
 
 
 # the Triton backward runs only where its forward did; a recurrent step takes one token
-BATTERY = sorted(set(CASES) | set(NOT_FORWARD) - {"kernels.flash_triton.flash_backward",
-                                                   "kernels.flash_triton.block_sparse_backward",
+BATTERY = sorted(set(CASES) | set(NOT_FORWARD) - {"kernels.flash_triton._flash_backward",
+                                                   "kernels.flash_triton._block_sparse_attention_backward",
                                                    "linear.linear_attention_step",
                                                    # packed layouts: their own bad-input tests
                                                    "attend.flash_attention_varlen",
-                                                   "kernels.flash_triton.varlen_forward",
-                                                   "kernels.flash_triton.varlen_backward"})
+                                                   "kernels.flash_triton._varlen_forward",
+                                                   "kernels.flash_triton._varlen_backward"})
 
 
 @pytest.mark.parametrize(
@@ -390,7 +391,7 @@ def test_tiled_forward_makes_no_temporary_larger_than_its_docstring_says():
     gen = torch.Generator().manual_seed(4)
     q = torch.randn(B, H, L, E, generator=gen)
     k, v = (torch.randn(B, Hk, S, E, generator=gen) for _ in range(2))
-    largest = largest_new_tensor(flash.tiled_attention_forward, q, k, v, block_q=16, block_k=16)
+    largest = largest_new_tensor(flash.flash_forward, q, k, v, block_q=16, block_k=16)
     assert largest <= max(B * H * S * E, B * H * L * E, B * H * 16 * 16)
     assert largest < B * H * L * S  # never the L x S scores
 

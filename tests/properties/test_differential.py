@@ -343,8 +343,8 @@ def _tiled_backward_params(data, q, k, v, gen):
 
 
 def _tiled_backward_call(q, k, v, p):
-    out, lse = flash.tiled_attention_forward(q, k, v, block_q=p["block_q"], block_k=p["block_k"], **_flash_kwargs(p))
-    return flash.tiled_attention_backward(q, k, v, out, lse, p["grad_out"].to(q.dtype), block_q=p["block_q"],
+    out, lse = flash.flash_forward(q, k, v, block_q=p["block_q"], block_k=p["block_k"], **_flash_kwargs(p))
+    return flash.flash_backward(q, k, v, out, lse, p["grad_out"].to(q.dtype), block_q=p["block_q"],
                                           block_k=p["block_k"], **_flash_kwargs(p))
 
 
@@ -677,8 +677,8 @@ ELU_MIN = -2.5
 # Entry points whose output is not attached to the autograd graph when no query sees a key (S = 0), so that
 # backward raises instead of giving zero gradients: test_*_without_keys_is_differentiable hold them.
 DETACHED_WITHOUT_KEYS = {
-    "flash.tiled_attention_forward": "a building block: flash_attention's autograd.Function calls it under "
-                                     "no_grad and differentiates with tiled_attention_backward",
+    "flash.flash_forward": "a building block: flash_attention's autograd.Function calls it under "
+                                     "no_grad and differentiates with flash_backward",
 }
 
 CASES: dict[str, Case] = {
@@ -695,12 +695,12 @@ CASES: dict[str, Case] = {
     "attend.flash_attention": Case(
         _flash_params, lambda q, k, v, p: attend.flash_attention(q, k, v, backend="torch", **_flash_kwargs(p)),
         _flash_oracle, gradgrad=True),
-    "flash.tiled_attention_forward": Case(
+    "flash.flash_forward": Case(
         _tiled_params,
-        lambda q, k, v, p: flash.tiled_attention_forward(q, k, v, block_q=p["block_q"], block_k=p["block_k"],
+        lambda q, k, v, p: flash.flash_forward(q, k, v, block_q=p["block_q"], block_k=p["block_k"],
                                                          **_flash_kwargs(p)),
         lambda q, k, v, p: _flash_oracle_with(q, k, v, p, return_lse=True)),
-    "flash.tiled_attention_backward": Case(
+    "flash.flash_backward": Case(
         _tiled_backward_params, _tiled_backward_call, _tiled_backward_oracle,
         shapes={"four_d": True, "heads": [(1, 1), (2, 2), (2, 1), (4, 2), (3, 1)]},
         grad="a backward pass: its outputs are compared with the oracle's autograd gradients"),
@@ -785,10 +785,10 @@ def _marked(names, test: str, skip: Callable[[str], bool] = lambda name: False):
 # The Triton kernels (a GPU; on the CPU test_api.py runs each once under the interpreter)
 # ==================================================================================================
 KERNEL_CASES = {
-    "kernels.flash_triton.flash_forward", "kernels.flash_triton.flash_backward",
-    "kernels.flash_triton.block_sparse_forward", "kernels.flash_triton.block_sparse_backward",
-    "kernels.flash_triton.varlen_forward", "kernels.flash_triton.varlen_backward",
-    "kernels.decode.split_kv_forward",
+    "kernels.flash_triton._flash_forward", "kernels.flash_triton._flash_backward",
+    "kernels.flash_triton._block_sparse_attention_forward", "kernels.flash_triton._block_sparse_attention_backward",
+    "kernels.flash_triton._varlen_forward", "kernels.flash_triton._varlen_backward",
+    "kernels.decode._split_kv_attention",
 }
 
 
@@ -1610,14 +1610,14 @@ def test_kernel_flash_forward_and_backward(dtype, data):
     slopes = opts["alibi_slopes"]
     opts["alibi_slopes"] = None if slopes is None else slopes.cuda()
     qd, kd, vd = _on_gpu(dtype, q, k, v)
-    out, lse = flash_triton.flash_forward(qd, kd, vd, **opts)
+    out, lse = flash_triton._flash_forward(qd, kd, vd, **opts)
     want_out, want_lse = _flash_oracle_with(q, k, v, p, return_lse=True)
     tol = kernel_tol(dtype)
-    assert_kernel_close((out, lse), (want_out, want_lse), tol, f"flash_forward {dtype}")
+    assert_kernel_close((out, lse), (want_out, want_lse), tol, f"_flash_forward {dtype}")
     grad_out = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(dtype)
-    grads = flash_triton.flash_backward(qd, kd, vd, out, lse, grad_out.cuda(), **opts)
+    grads = flash_triton._flash_backward(qd, kd, vd, out, lse, grad_out.cuda(), **opts)
     want = oracle_grads(lambda q, k, v: _flash_oracle(q, k, v, p), (q, k, v), grad_out.double())
-    assert_kernel_close(grads, want, 2 * tol, f"flash_backward {dtype}")
+    assert_kernel_close(grads, want, 2 * tol, f"_flash_backward {dtype}")
 
 
 @requires_cuda
@@ -1636,14 +1636,14 @@ def test_kernel_block_sparse_forward_and_backward(dtype, data):
     mask = torch.rand(nq, nk, generator=gen) < 0.6
     p = {"block_mask": mask, "block_size": b, "is_causal": flag(data, "causal"), "scale": maybe_scale(data)}
     qd, kd, vd = _on_gpu(dtype, q, k, v)
-    out, lse = flash_triton.block_sparse_forward(qd, kd, vd, mask.cuda(), b, return_lse=True, **_block_kwargs(p))
+    out, lse = flash_triton._block_sparse_attention_forward(qd, kd, vd, mask.cuda(), b, return_lse=True, **_block_kwargs(p))
     tol = kernel_tol(dtype)
-    assert_kernel_close(out, _block_oracle(q, k, v, p), tol, f"block_sparse_forward {dtype}")
+    assert_kernel_close(out, _block_oracle(q, k, v, p), tol, f"_block_sparse_attention_forward {dtype}")
     grad_out = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(dtype)
-    grads = flash_triton.block_sparse_backward(qd, kd, vd, out, lse, grad_out.cuda(), mask.cuda(), b,
+    grads = flash_triton._block_sparse_attention_backward(qd, kd, vd, out, lse, grad_out.cuda(), mask.cuda(), b,
                                                **_block_kwargs(p))
     want = oracle_grads(lambda q, k, v: _block_oracle(q, k, v, p), (q, k, v), grad_out.double())
-    assert_kernel_close(grads, want, 2 * tol, f"block_sparse_backward {dtype}")
+    assert_kernel_close(grads, want, 2 * tol, f"_block_sparse_attention_backward {dtype}")
 
 
 @requires_cuda
@@ -1659,14 +1659,14 @@ def test_kernel_varlen_forward_and_backward(dtype, data):
     opts["alibi_slopes"] = None if opts["alibi_slopes"] is None else opts["alibi_slopes"].cuda()
     qd, kd, vd = _on_gpu(dtype, q, k, v)
     cu_q, cu_k = p["cu_q"].cuda(), p["cu_k"].cuda()
-    out, lse = flash_triton.varlen_forward(qd, kd, vd, cu_q, cu_k, p["max_q"], p["max_k"], **opts)
+    out, lse = flash_triton._varlen_forward(qd, kd, vd, cu_q, cu_k, p["max_q"], p["max_k"], **opts)
     tol = kernel_tol(dtype)
-    assert_kernel_close(out, _varlen_oracle(q, k, v, p), tol, f"varlen_forward {dtype}")
+    assert_kernel_close(out, _varlen_oracle(q, k, v, p), tol, f"_varlen_forward {dtype}")
     grad_out = torch.randn(out.shape, generator=generator(data), dtype=torch.float64).to(dtype)
-    grads = flash_triton.varlen_backward(qd, kd, vd, out, lse, grad_out.cuda(), cu_q, cu_k, p["max_q"], p["max_k"],
+    grads = flash_triton._varlen_backward(qd, kd, vd, out, lse, grad_out.cuda(), cu_q, cu_k, p["max_q"], p["max_k"],
                                          **opts)
     want = oracle_grads(lambda q, k, v: _varlen_oracle(q, k, v, p), (q, k, v), grad_out.double())
-    assert_kernel_close(grads, want, 2 * tol, f"varlen_backward {dtype}")
+    assert_kernel_close(grads, want, 2 * tol, f"_varlen_backward {dtype}")
 
 
 @requires_cuda
@@ -1679,7 +1679,7 @@ def test_kernel_decode_attention(dtype, data):
     (q, k, v), p = _decode_draw(data, False)
     q, k, v = (t.to(dtype).double() for t in (q, k, v))
     num_splits = data.draw(st.one_of(st.none(), st.integers(1, 8)), label="num_splits")
-    got = decode.split_kv_forward(*_on_gpu(dtype, q, k, v), p["lengths"].cuda(), num_splits=num_splits,
+    got = decode._split_kv_attention(*_on_gpu(dtype, q, k, v), p["lengths"].cuda(), num_splits=num_splits,
                                   scale=p["scale"])
     assert_kernel_close(got, _decode_oracle(q, k, v, p), kernel_tol(dtype), f"decode_attention {dtype}")
 

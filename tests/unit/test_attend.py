@@ -92,10 +92,45 @@ def test_each_entry_point_says_which_backend_ran(name):
         assert "return_backend" in inspect.signature(getattr(attend, name)).parameters
 
 
-def test_the_triton_decode_launcher_is_split_kv_forward_and_its_old_name_warns():
+# each launcher: (module, its name, its PyTorch twin, its old public names)
+LAUNCHERS = [
+    ("attnbook.kernels.flash_triton", "_flash_forward", "attnbook.flash.flash_forward",
+     ["flash_forward"]),
+    ("attnbook.kernels.flash_triton", "_flash_backward", "attnbook.flash.flash_backward",
+     ["flash_backward"]),
+    ("attnbook.kernels.flash_triton", "_block_sparse_attention_forward",
+     "attnbook.sparse.block_sparse_attention", ["block_sparse_forward"]),
+    ("attnbook.kernels.flash_triton", "_block_sparse_attention_backward",
+     "attnbook.sparse.block_sparse_attention", ["block_sparse_backward"]),
+    ("attnbook.kernels.flash_triton", "_varlen_forward", None, ["varlen_forward"]),
+    ("attnbook.kernels.flash_triton", "_varlen_backward", None, ["varlen_backward"]),
+    ("attnbook.kernels.decode", "_split_kv_attention", "attnbook.kvcache.split_kv_attention",
+     ["split_kv_forward", "decode_attention"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("module, name, twin, old", LAUNCHERS)
+def test_each_launcher_is_private_named_after_its_pytorch_twin_and_its_old_names_warn(
+    module, name, twin, old
+):
     pytest.importorskip("triton")
-    decode = importlib.import_module("attnbook.kernels.decode")
-    assert "split_kv_forward" in decode.__all__ and "decode_attention" not in decode.__all__
-    with pytest.warns(DeprecationWarning, match="attnbook.attend.decode_attention"):
-        assert decode.decode_attention is decode.split_kv_forward
-    assert kvcache.split_kv_attention.__name__ == "split_kv_attention"  # its PyTorch twin
+    kernels = importlib.import_module(module)
+    launcher = getattr(kernels, name)
+    assert name.startswith("_") and name not in kernels.__all__
+    if twin is not None:
+        where, _, twin_name = twin.rpartition(".")
+        assert callable(getattr(importlib.import_module(where), twin_name))
+        assert name.lstrip("_").startswith(twin_name.removesuffix("_attention")), (name, twin)
+    for old_name in old:
+        assert old_name not in kernels.__all__
+        with pytest.warns(DeprecationWarning, match="attnbook.attend"):
+            assert getattr(kernels, old_name) is launcher
+
+
+@pytest.mark.parametrize("old, new", [("tiled_attention_forward", "flash_forward"),
+                                      ("tiled_attention_backward", "flash_backward")])
+def test_the_pytorch_passes_old_names_warn_for_one_release(old, new):
+    flash = importlib.import_module("attnbook.flash")
+    assert old not in flash.__all__ and new in flash.__all__
+    with pytest.warns(DeprecationWarning, match=f"attnbook.flash.{new}"):
+        assert getattr(flash, old) is getattr(flash, new)

@@ -26,8 +26,8 @@ from attnbook.flash import (
     online_softmax_step,
     plan_tiles,
     select_backend,
-    tiled_attention_backward,
-    tiled_attention_forward,
+    flash_backward,
+    flash_forward,
 )
 
 
@@ -113,7 +113,7 @@ def test_merge_partials_in_place_writes_the_same_result_into_the_first_partial(g
 @pytest.mark.parametrize("blocks", [(4, 4), (5, 3), (64, 64)])
 def test_tiled_forward_equals_attention_and_logsumexp(gen, L, S, causal, blocks):
     q, k, v = _qkv(gen, L, S)
-    out, lse = tiled_attention_forward(q, k, v, is_causal=causal, block_q=blocks[0], block_k=blocks[1])
+    out, lse = flash_forward(q, k, v, is_causal=causal, block_q=blocks[0], block_k=blocks[1])
     torch.testing.assert_close(out, scaled_dot_product_attention(q, k, v, is_causal=causal))
     scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if causal:
@@ -124,7 +124,7 @@ def test_tiled_forward_equals_attention_and_logsumexp(gen, L, S, causal, blocks)
 
 def test_tiled_forward_supports_gqa_and_a_custom_scale(gen):
     q, k, v = _qkv(gen, 9, 11, H=6, H_kv=2)
-    out, _ = tiled_attention_forward(q, k, v, is_causal=True, scale=0.3, block_q=4, block_k=3)
+    out, _ = flash_forward(q, k, v, is_causal=True, scale=0.3, block_q=4, block_k=3)
     expected = scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), is_causal=True, scale=0.3)
     torch.testing.assert_close(out, expected)
 
@@ -169,11 +169,11 @@ def test_fully_masked_rows_give_zero_output_and_zero_gradients(gen):
 
 def test_fp16_tiled_path_accumulates_in_fp32(gen):
     q, k, v = _qkv(gen, 33, 33, E=16, dtype=torch.float16)
-    out, lse = tiled_attention_forward(q, k, v, block_q=8, block_k=8)
+    out, lse = flash_forward(q, k, v, block_q=8, block_k=8)
     assert out.dtype == torch.float16 and lse.dtype == torch.float32
     exact = scaled_dot_product_attention(q.double(), k.double(), v.double())
     torch.testing.assert_close(out.double(), exact, atol=2e-3, rtol=0)
-    dq, dk, dv = tiled_attention_backward(q, k, v, out, lse, torch.ones_like(out), block_q=8, block_k=8)
+    dq, dk, dv = flash_backward(q, k, v, out, lse, torch.ones_like(out), block_q=8, block_k=8)
     assert dq.dtype == dk.dtype == dv.dtype == torch.float16
 
 
@@ -203,7 +203,7 @@ def test_shape_errors_name_the_arguments(gen):
     with pytest.raises(ValueError, match="same last dimension"):
         flash_attention(q, k[:, :, :, :4], v)
     with pytest.raises(ValueError, match="block_q"):
-        tiled_attention_forward(q, k, v, block_q=0)
+        flash_forward(q, k, v, block_q=0)
 
 
 def test_hbm_accesses_counts_and_asymptotics():
@@ -317,7 +317,7 @@ def test_tiles_outside_the_window_are_skipped(gen, monkeypatch):
     real = flash._tile_scores
     monkeypatch.setattr(flash, "_tile_scores", lambda qk, *a: (touched.append(qk.shape[-1]), real(qk, *a))[1])
     q, k, v = (torch.randn(1, 1, 512, 8, generator=gen) for _ in range(3))
-    flash.tiled_attention_forward(q, k, v, window_size=(16, 0), block_q=128, block_k=128)
+    flash.flash_forward(q, k, v, window_size=(16, 0), block_q=128, block_k=128)
     assert sum(touched) == 128 + 3 * (128 + 16)  # of 4 x 512 keys without the window
     for n in (256, 1024, 4096):
         spans = [hi - lo for lo, hi in (key_range(i0, i0 + 128, n, n, window_size=(16, 0))
@@ -553,7 +553,7 @@ def _bad_flash_calls():
     q = torch.randn(1, 2, 6, 4, generator=g)
     x = torch.randn(3, 10, generator=g)
     m, l = torch.zeros(3), torch.ones(3)
-    out, lse = tiled_attention_forward(q, q, q)
+    out, lse = flash_forward(q, q, q)
     packed = torch.randn(7, 2, 4, generator=g)
     cu = torch.tensor([0, 3, 7], dtype=torch.int32)
     return [  # (call, exception, pattern)
@@ -577,17 +577,17 @@ def _bad_flash_calls():
         (lambda: key_range(0, 4, 10, 10, window_size=(-2, 0)), ValueError, r"key_range: window_size"),
         (lambda: key_range(0, 4, 10, 10, window_size=(1.5, 0)), ValueError, r"key_range: window_size"),
         (lambda: key_range(0, 4, 10, 10, is_causal="yes"), TypeError, r"key_range: is_causal must be a bool"),
-        (lambda: tiled_attention_forward(q, q, q, block_q=2.5), TypeError, r"tiled_attention_forward: block_q"),
-        (lambda: tiled_attention_forward(q, q, q, block_k=-1), ValueError, r"tiled_attention_forward: block_k .*-1"),
-        (lambda: tiled_attention_forward(q, q, q, scale=math.nan), ValueError,
-         r"tiled_attention_forward: scale must be finite, got nan"),
-        (lambda: tiled_attention_forward(q, q, q, scale="0.5"), TypeError, r"tiled_attention_forward: scale"),
-        (lambda: tiled_attention_backward(q, q, q, out, lse[..., :5], out), ValueError,
-         r"tiled_attention_backward: out and grad_out must be .* and lse"),
-        (lambda: tiled_attention_backward(q, q, q, out, lse, out[..., :2]), ValueError,
-         r"tiled_attention_backward: out and grad_out"),
-        (lambda: tiled_attention_backward(q, q, q, out, lse, out, block_q=0), ValueError,
-         r"tiled_attention_backward: block_q"),
+        (lambda: flash_forward(q, q, q, block_q=2.5), TypeError, r"flash_forward: block_q"),
+        (lambda: flash_forward(q, q, q, block_k=-1), ValueError, r"flash_forward: block_k .*-1"),
+        (lambda: flash_forward(q, q, q, scale=math.nan), ValueError,
+         r"flash_forward: scale must be finite, got nan"),
+        (lambda: flash_forward(q, q, q, scale="0.5"), TypeError, r"flash_forward: scale"),
+        (lambda: flash_backward(q, q, q, out, lse[..., :5], out), ValueError,
+         r"flash_backward: out and grad_out must be .* and lse"),
+        (lambda: flash_backward(q, q, q, out, lse, out[..., :2]), ValueError,
+         r"flash_backward: out and grad_out"),
+        (lambda: flash_backward(q, q, q, out, lse, out, block_q=0), ValueError,
+         r"flash_backward: block_q"),
         (lambda: flash_attention(q, q, q, is_causal="False"), TypeError, r"flash_attention: is_causal must be a bool"),
         (lambda: flash_attention(q, q, q, scale=math.inf), ValueError, r"flash_attention: scale must be finite"),
         (lambda: flash_attention(q[..., :0], q[..., :0], q), ValueError, r"flash_attention: q has head_dim 0"),
@@ -628,7 +628,7 @@ def test_empty_sequences_give_the_documented_results(gen):
     assert flash_attention(q[:, :, :0], k, v).shape == (2, 2, 0, 8)  # no query: an empty output
     none = flash_attention(q, k[:, :, :0], v[:, :, :0])  # no key: zeros, lse -inf
     assert torch.equal(none, torch.zeros_like(q))
-    _, lse = tiled_attention_forward(q, k[:, :, :0], v[:, :, :0])
+    _, lse = flash_forward(q, k[:, :, :0], v[:, :, :0])
     assert torch.isinf(lse).all() and (lse < 0).all()
     empty_mask = torch.ones(1, 0, dtype=torch.bool)
     assert torch.equal(block_sparse_flash_attention(q, k[:, :, :0], v[:, :, :0], empty_mask, 4), torch.zeros_like(q))
@@ -706,8 +706,8 @@ def test_plan_tiles_reads_the_caches_and_the_defaults_are_its_plan(monkeypatch):
     monkeypatch.setattr(flash, "plan_tiles", lambda *a, **kw: seen.append(a) or (4, 8))
     gen = torch.Generator().manual_seed(0)
     q, k, v = _qkv(gen, 20, 30)
-    out, lse = tiled_attention_forward(q, k, v)
-    expected, expected_lse = tiled_attention_forward(q, k, v, block_q=4, block_k=8)
+    out, lse = flash_forward(q, k, v)
+    expected, expected_lse = flash_forward(q, k, v, block_q=4, block_k=8)
     assert seen and torch.equal(out, expected) and torch.equal(lse, expected_lse)
 
 
@@ -721,15 +721,15 @@ def test_tiled_path_never_copies_k_and_v_for_grouped_query_attention(H, H_kv):
     # views of K and V (and their gradients), the output and dq, and one tile per key head
     allowed = max(H_kv * 512 * 8, H * 32 * 8, H * 16 * 16)
     tiles = dict(block_q=16, block_k=16)
-    assert largest_new_tensor(tiled_attention_forward, q, k, v, **tiles) <= allowed < expanded
-    out, lse = tiled_attention_forward(q, k, v, **tiles)
+    assert largest_new_tensor(flash_forward, q, k, v, **tiles) <= allowed < expanded
+    out, lse = flash_forward(q, k, v, **tiles)
     grad = torch.randn(out.shape, generator=gen)
-    assert largest_new_tensor(tiled_attention_backward, q, k, v, out, lse, grad, **tiles) <= allowed
+    assert largest_new_tensor(flash_backward, q, k, v, out, lse, grad, **tiles) <= allowed
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]
     reference = torch.nn.functional.scaled_dot_product_attention(*leaves, enable_gqa=True)
     expected = torch.autograd.grad(reference, leaves, grad)
     torch.testing.assert_close(out, reference.detach(), atol=1e-5, rtol=1e-5)
-    for got, want in zip(tiled_attention_backward(q, k, v, out, lse, grad, **tiles), expected):
+    for got, want in zip(flash_backward(q, k, v, out, lse, grad, **tiles), expected):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 

@@ -32,24 +32,40 @@ def test_scale_heads_scales_each_head_and_none_is_the_identity():
     assert per_row[1].abs().sum() == 0 and (per_row[0] == 1).all()
 
 
-class _Shelled(HeadShell, MultiHeadAttention):
-    pass
-
-
-def test_the_shell_projects_and_merges_as_multi_head_attention_does():
-    """HeadShell.project and merge around plain attention equal core.MultiHeadAttention."""
+def test_the_shell_around_attention_is_torchs_multi_head_attention():
+    """MultiHeadAttention is HeadShell.project, attention, HeadShell.merge: equal to
+    torch.nn.MultiheadAttention with the same weights (an independent implementation)."""
     torch.manual_seed(0)
-    layer = _Shelled(16, 4, 2).double()
+    layer = MultiHeadAttention(16, 4).double()
+    assert isinstance(layer, HeadShell)
+    ref = torch.nn.MultiheadAttention(16, 4, batch_first=True).double()
+    with torch.no_grad():
+        ref.in_proj_weight.copy_(torch.cat([layer.q_proj.weight, layer.k_proj.weight, layer.v_proj.weight]))
+        ref.in_proj_bias.copy_(torch.cat([layer.q_proj.bias, layer.k_proj.bias, layer.v_proj.bias]))
+        ref.out_proj.weight.copy_(layer.out_proj.weight)
+        ref.out_proj.bias.copy_(layer.out_proj.bias)
+    x = torch.randn(2, 5, 16, dtype=torch.float64)
+    c = torch.randn(2, 3, 16, dtype=torch.float64)
+    torch.testing.assert_close(layer(x, c), ref(x, c, c, need_weights=False)[0])
+
+
+def test_the_shell_splits_grouped_heads_and_masks_heads_before_the_output_projection():
+    torch.manual_seed(0)
+    layer = MultiHeadAttention(16, 4, 2).double()
     x = torch.randn(2, 5, 16, dtype=torch.float64)
     c = torch.randn(2, 3, 16, dtype=torch.float64)
     q, k, v = layer.project(x, c)
     assert q.shape == (2, 4, 5, 4) and k.shape == v.shape == (2, 2, 3, 4)
+    by_hand = (c @ layer.k_proj.weight.T + layer.k_proj.bias).view(2, 3, 2, 4).transpose(1, 2)
+    torch.testing.assert_close(k, by_hand)
     out = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    torch.testing.assert_close(layer.merge(out), MultiHeadAttention.forward(layer, x, c))
+    torch.testing.assert_close(layer.merge(out), layer(x, c))
     head_mask = torch.tensor([1.0, 0.0, 1.0, 1.0], dtype=torch.float64)
     no_head_1 = out.clone()
     no_head_1[:, 1] = 0
     torch.testing.assert_close(layer.merge(out, head_mask), layer.merge(no_head_1))
+    concatenated = out.transpose(1, 2).reshape(2, 5, 16)  # heads side by side, then W^O
+    torch.testing.assert_close(layer.merge(out), layer.out_proj(concatenated))
 
 
 @pytest.mark.parametrize("eps", [None, 1e-5])

@@ -16,7 +16,7 @@ policy:
   text), with the names that the cells run before it bound: the grader's reading, since
   the answer itself lives in a student's kernel, out of the grader's reach;
 - :func:`code_references` reads a *function's compiled code* and its globals: the
-  reading of :func:`attnbook.exercises.check` in a reader's own notebook.
+  reading of :func:`attnbook.course.checks.check` in a reader's own notebook.
 
 Both are best effort, and both err on the side of counting: computed access that
 reaches attnbook by a name neither can read (``getattr(core, name)``,

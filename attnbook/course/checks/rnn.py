@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..complexity import attention_flops, rnn_flops
-from ..core import masked_softmax
-from ..rnn import LocalAttention, LuongAttention, accumulated_coverage, coverage_loss
+from ...complexity import attention_flops, rnn_flops
+from ...core import masked_softmax
+from ...rnn import LocalAttention, LuongAttention, accumulated_coverage, coverage_loss
 from . import register
 from .common import (
     call_student,

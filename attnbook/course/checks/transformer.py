@@ -8,8 +8,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..data import ngram_bits_per_char
-from ..models import Block, TransformerConfig, induction_scores
+from ...data import ngram_bits_per_char
+from ...models import Block, TransformerConfig, induction_scores
 from . import register
 from .common import call_student, assert_close, assert_int, generator, real_number
 from .library import forbid

@@ -9,7 +9,7 @@ import numbers
 import torch
 import torch.nn.functional as F
 
-from ..distributed import ring_bytes_per_rank, shard_positions, ulysses_bytes_per_rank
+from ...distributed import ring_bytes_per_rank, shard_positions, ulysses_bytes_per_rank
 from . import register
 from .common import explain_slips, assert_int, call_student, generator
 from .library import forbid
@@ -717,7 +717,7 @@ def _unit_cases(gen) -> list:
     library=forbid(
         "attnbook.distributed.ring_attention",
         "attnbook.distributed.attention_on_rank",
-        "attnbook.flash.tiled_attention_forward",
+        "attnbook.flash.flash_forward",
         why="The exercise asks you to write one ring step, a block's attention at its "
             "global positions with its log-sum-exp, which ring_attention runs; "
             "merge_partials, to fold it into the running state, stays allowed.",

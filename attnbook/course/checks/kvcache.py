@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..kvcache import PagedKVCache, kv_cache_bytes
+from ...kvcache import PagedKVCache, kv_cache_bytes
 from . import register
 from .common import assert_close, call_student, explain_slips, generator, is_number
 from .library import allowed, forbid

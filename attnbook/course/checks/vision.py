@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..vision import PatchEmbedding, SpatialAttention, attention_rollout
+from ...vision import PatchEmbedding, SpatialAttention, attention_rollout
 from . import register
 from .common import assert_close, generator, real_number
 from .library import allowed, forbid

@@ -1,7 +1,8 @@
 """Auto-checks for the chapters' exercises.
 
 A chapter's coding exercise ends with ``attnbook.exercises.check("<label>",
-student_object)``. The check compares the student's object with the tested
+student_object)`` (:mod:`attnbook.exercises` forwards to this
+module). The check compares the student's object with the tested
 implementation in ``attnbook`` (or with a property) and prints a clear pass/fail line
 with a hint. Checks are registered by label with :func:`register`; labels are
 ``<topic>-short-name`` (``positional-alibi-slopes``), equal the ``{exercise}`` label in
@@ -10,13 +11,14 @@ the chapter, and the checks of each chapter live in the submodule named by its t
 The grader (:mod:`attnbook.course.grader`) does not run ``check`` in the student's
 kernel: it calls :func:`run_check` in its own process on a stand-in for the student's
 answer, with inputs drawn from a secret seed
-(``attnbook.exercises.common.fresh_inputs``).
+(``attnbook.course.checks.common.fresh_inputs``).
 
 Every check also says whether the answer may use attnbook's own implementation
-(``register(..., library=...)``, a :class:`~attnbook.exercises.library.Library` policy):
+(``register(..., library=...)``, a
+:class:`~attnbook.course.checks.library.Library` policy):
 where the exercise exists to write a mechanism, an answer that uses the attnbook
 function or class implementing it fails with a message, and its check does not run
-(:mod:`attnbook.exercises.library` says how the use is found, and what is missed).
+(:mod:`attnbook.course.checks.library` says how the use is found, and what is missed).
 
 A check may have an *after-pass* report (``register(..., after_pass=fn)``): what
 ``check`` prints under a passing verdict, such as the kernel lab's compile report (what
@@ -88,8 +90,8 @@ def register(
 
     ``library`` is required: the policy that says whether the answer may use
     attnbook's own implementation, made by
-    :func:`~attnbook.exercises.library.allowed` or
-    :func:`~attnbook.exercises.library.forbid`."""
+    :func:`~attnbook.course.checks.library.allowed` or
+    :func:`~attnbook.course.checks.library.forbid`."""
     if after_pass is not None and not callable(after_pass):
         raise TypeError(
             f"register: after_pass must be callable or None, got {after_pass!r:.60}"
@@ -125,9 +127,9 @@ def run_check(
     that says what it used, and the check does not run. What it uses is
     ``references``, the qualified attnbook names that the answer's source refers to
     (the grader reads them from the answer cell with
-    :func:`~attnbook.exercises.library.references`), or, when ``references`` is
+    :func:`~attnbook.course.checks.library.references`), or, when ``references`` is
     ``None``, what ``student``'s compiled code refers to
-    (:func:`~attnbook.exercises.library.code_references`)."""
+    (:func:`~attnbook.course.checks.library.code_references`)."""
     if label not in CHECKS:
         raise ValueError(
             f"unknown exercise label {label!r}; known labels: {', '.join(labels())}"

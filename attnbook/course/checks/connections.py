@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..connections import hopfield_update, ssm_convolution, ssm_recurrent
-from ..linear import elu_feature_map
+from ...connections import hopfield_update, ssm_convolution, ssm_recurrent
+from ...linear import elu_feature_map
 from . import register
 from .common import assert_close, generator
 from .library import allowed, forbid

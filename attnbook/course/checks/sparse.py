@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core import scaled_dot_product_attention
-from ..sparse import expand_block_mask, sliding_window_mask
+from ...core import scaled_dot_product_attention
+from ...sparse import expand_block_mask, sliding_window_mask
 from . import register
 from .common import assert_close, assert_int, generator, largest_new_tensor
 from .library import forbid
@@ -142,7 +142,7 @@ def _check_local_attention(student) -> None:
     library=forbid(
         "attnbook.sparse.sliding_window_attention",
         "attnbook.attend.flash_attention",
-        "attnbook.flash.tiled_attention_forward",
+        "attnbook.flash.flash_forward",
         why="The exercise asks you to write sliding-window attention in O(n w) "
             "memory, which sliding_window_attention and flash_attention's "
             "window_size implement.",

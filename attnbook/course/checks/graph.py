@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..graph import GATLayer, GCNLayer, edge_softmax, to_dense_adjacency
+from ...graph import GATLayer, GCNLayer, edge_softmax, to_dense_adjacency
 from . import register
 from .common import assert_close, generator
 from .library import forbid

@@ -6,8 +6,8 @@ import math
 
 import torch
 
-from ..complexity import attention_flops, attention_memory_bytes
-from ..kvcache import KVCache
+from ...complexity import attention_flops, attention_memory_bytes
+from ...kvcache import KVCache
 from . import register
 from .common import assert_int
 from .library import allowed, forbid

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..core import causal_mask
-from ..flash import hbm_accesses
+from ...core import causal_mask
+from ...flash import hbm_accesses
 from . import register
 from .common import assert_close, generator, real_number
 from .library import forbid
@@ -268,10 +268,10 @@ def _backward_slips(q, k, v, out, lse, dout, scale) -> dict:
 @register(
     "flash-attention-backward",
     library=forbid(
-        "attnbook.flash.tiled_attention_backward",
+        "attnbook.flash.flash_backward",
         "attnbook.attend.flash_attention",
         why="The exercise asks you to write attention's backward pass from the "
-            "log-sum-exp, which tiled_attention_backward implements and "
+            "log-sum-exp, which flash_backward implements and "
             "flash_attention differentiates.",
     ),
     hint="P = exp(q k^T * scale - lse[..., None]); dv = P^T dout; dP = dout v^T; "

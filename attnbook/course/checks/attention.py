@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from ..core import MultiHeadAttention, masked_softmax
+from ...core import MultiHeadAttention, masked_softmax
 from . import register
 from .common import assert_close, generator, is_number
 from .library import allowed, forbid

@@ -7,7 +7,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..linear import linear_attention, performer_features
+from ...linear import linear_attention, performer_features
 from . import register
 from .common import assert_close, assert_int, generator, largest_new_tensor
 from .library import allowed, forbid

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from ..serving import (
+from ...serving import (
     DEEPSEEK_V2,
     SinkKVCache,
     cache_bytes_per_token,

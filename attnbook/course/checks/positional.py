@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..positional import (
+from ...positional import (
     RotaryEmbedding,
     alibi_slopes,
     sinusoidal_encoding,

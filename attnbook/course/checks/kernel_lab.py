@@ -23,7 +23,7 @@ kernel that masks the loads of a tile it should skip still fails.
 After a pass, ``attnbook.exercises.check`` prints what the kernel would cost on a T4, an
 A100 and an H100 (:func:`attnbook.kernels.lab.cost_report`: registers, spills and shared
 memory with the tiles a GPU would run, and on a GPU the forward pass timed against
-SDPA); the grader's :func:`~attnbook.exercises.run_check` does not.
+SDPA); the grader's :func:`~attnbook.course.checks.run_check` does not.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ import textwrap
 
 import torch
 
-from ..core import scaled_dot_product_attention
-from ..sparse import block_sparse_attention
+from ...core import scaled_dot_product_attention
+from ...sparse import block_sparse_attention
 from . import register
 from .common import call_student, generator
 from .library import forbid
@@ -222,7 +222,7 @@ def _cost_report(student) -> str:
     """The after-pass report of every check here: the kernel in ``student``,
     ``functools.partial(launcher, kernel)``, compiled for the lab's GPUs with the
     launcher's tiles (:func:`attnbook.kernels.lab.cost_report`)."""
-    from ..kernels import lab  # imports triton: only when a report is made
+    from ...kernels import lab  # imports triton: only when a report is made
 
     launchers = {getattr(lab, name) for name in lab.GPU_CONSTEXPRS}
     is_partial = isinstance(student, functools.partial) and student.args

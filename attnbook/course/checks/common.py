@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import torch
 
-from ..utils import largest_new_tensor as _measure_here
+from ...utils import largest_new_tensor as _measure_here
 
 __all__ = [
     "call_student",
