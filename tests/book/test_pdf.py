@@ -38,7 +38,7 @@ def small_pdf(tmp_path_factory):
                   {"caption": "Reference", "chapters": [{"file": "book/bibliography"}]}]}))
     (book / "intro.md").write_text("# A small book\n\nOne chapter of the book, printed the way the whole "
                                    "book is.\n")
-    for name in ("references.bib", "assets", "_static"):
+    for name in ("references.bib", "assets", "_static", "_ext"):
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy)(ROOT / name, book / name)
     (book / "book").mkdir()
     for name in (f"{CHAPTER}.ipynb", "bibliography.md"):
