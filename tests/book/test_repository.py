@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -432,3 +433,11 @@ def test_contributing_gives_the_three_recipes_and_names_only_files_that_exist():
     for module in re.findall(r'"?attnbook\.(\w+)', layers):
         if module not in ("grader", "sandbox", "_random"):
             assert f"`{module}`" in text or f"`attnbook.{module}`" in text, f"CONTRIBUTING.md's layers miss {module}"
+
+
+def test_pyproject_ships_every_package_of_attnbook():
+    """setuptools installs the packages pyproject lists, no more: a subpackage missing there is
+    missing from every install (and one listed that is gone fails the install)."""
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "attnbook").rglob("__init__.py")}
+    assert listed == found, f"pyproject lists {sorted(listed)}, the tree has {sorted(found)}"
