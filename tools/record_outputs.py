@@ -4,10 +4,11 @@ Chapters are committed without outputs. The book build executes each one once an
 the result in its execution cache (``_build/.jupyter_cache``), keyed by the chapter's
 code: a chapter whose current code has a cached result ran top to bottom without an error
 (the build does not cache a failed run). ``tests/book/test_outputs.py`` reads that result to
-check that every chapter ran and that every ``# NBVAL_CHECK_OUTPUT`` cell printed what it
+check that every chapter ran and that every checked cell (a code cell tagged
+``check-output`` in its ``metadata.tags``, which readers never see) printed what it
 printed when its numbers were written into the prose; the text is kept in
-``tests/checked_outputs.json`` (chapter -> cell id -> text). After changing what a checked
-cell prints on purpose::
+``tests/checked_outputs.json`` (chapter -> cell id -> text). After changing what a
+checked cell prints on purpose::
 
     make book && .venv/bin/python tools/record_outputs.py [EXECUTED_DIR]
 
@@ -24,17 +25,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "_build" / ".jupyter_cache"
 REFERENCE = ROOT / "tests" / "checked_outputs.json"
-MARKER = "# NBVAL_CHECK_OUTPUT"
+TAG = "check-output"
 
 
 def checked_cells(notebook: dict) -> dict[str, dict]:
-    """The code cells of ``notebook`` whose first line is the check marker, by id."""
-    cells = {}
-    for cell in notebook["cells"]:
-        source = "".join(cell["source"])
-        if cell["cell_type"] == "code" and source.lstrip().startswith(MARKER):
-            cells[cell["id"]] = cell
-    return cells
+    """The code cells of ``notebook`` tagged ``check-output``, by id."""
+    return {
+        cell["id"]: cell
+        for cell in notebook["cells"]
+        if cell["cell_type"] == "code" and TAG in cell["metadata"].get("tags", [])
+    }
 
 
 def printed_text(cell: dict) -> str:
@@ -83,7 +83,7 @@ def record(book: Path = ROOT / "book", executed: Path | None = None) -> dict:
                 raise SystemExit(f"{executed / path.name} is missing")
             ran = json.loads((executed / path.name).read_text())
         wanted = checked_cells(json.loads(path.read_text()))
-        done = checked_cells(ran)
+        done = {cell["id"]: cell for cell in ran["cells"]}
         reference[path.stem] = {cid: printed_text(done[cid]) for cid in wanted}
     return reference
 

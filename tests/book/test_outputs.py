@@ -1,5 +1,6 @@
-"""Every chapter ran top to bottom in the book build, and every ``# NBVAL_CHECK_OUTPUT`` cell
-prints what it printed when its numbers were written into the chapter's prose.
+"""Every chapter ran top to bottom in the book build, and every checked cell (a code cell
+tagged ``check-output``) prints what it printed when its numbers were written into the
+chapter's prose.
 
 The chapters are committed without outputs and ``make book`` executes each one once. Its
 execution cache (``_build/.jupyter_cache``) keeps a run only if it finished without an error,
@@ -51,7 +52,7 @@ def test_every_chapter_ran_top_to_bottom_without_an_error(chapter):
 @pytest.mark.parametrize("chapter", CHAPTERS, ids=lambda p: p.stem)
 def test_checked_cells_print_their_recorded_output(chapter):
     wanted = record_outputs.checked_cells(json.loads(chapter.read_text()))
-    ran = record_outputs.checked_cells(_executed(chapter))
+    ran = {cell["id"]: cell for cell in _executed(chapter)["cells"]}
     assert wanted, f"{chapter.name} has no checked cell: its printed numbers are unguarded"
     reference = REFERENCE.get(chapter.stem, {})
     missing = sorted(set(wanted) - set(reference))
@@ -82,3 +83,15 @@ def test_printed_text_keeps_streams_and_results_and_leaves_out_figures():
         {"output_type": "error", "ename": "ValueError", "evalue": "bad", "traceback": []},
     ]}
     assert record_outputs.printed_text(cell) == "a = 1\nb\n(2, 3)\nValueError: bad"
+
+
+def test_checked_cells_are_the_code_cells_tagged_check_output():
+    """The tag, not a comment in the code, marks a checked cell (readers never see it)."""
+    notebook = {"cells": [
+        {"cell_type": "code", "id": "a", "metadata": {"tags": ["check-output"]}, "source": "1"},
+        {"cell_type": "code", "id": "b", "metadata": {}, "source": "# check-output\n2"},
+        {"cell_type": "markdown", "id": "c", "metadata": {"tags": ["check-output"]}, "source": ""},
+        {"cell_type": "code", "id": "d", "metadata": {"tags": ["remove-input", "check-output"]},
+         "source": "show_source(f)"},
+    ]}
+    assert list(record_outputs.checked_cells(notebook)) == ["a", "d"]
