@@ -441,3 +441,21 @@ def test_pyproject_ships_every_package_of_attnbook():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "attnbook").rglob("__init__.py")}
     assert listed == found, f"pyproject lists {sorted(listed)}, the tree has {sorted(found)}"
+
+
+def test_the_intros_chapter_map_lists_every_chapter():
+    intro = (ROOT / "intro.md").read_text()
+    mapped = set(re.findall(r"^\| \{doc\}`book/(\w+)` \|", intro, flags=re.M))
+    assert mapped == {nb.stem for nb in NOTEBOOKS}, f"the map misses {sorted({nb.stem for nb in NOTEBOOKS} - mapped)}"
+
+
+def test_the_declared_torch_floor_has_what_the_package_calls():
+    """The package calls SDPA with enable_gqa and FlexAttention (torch 2.5) and nn.RMSNorm
+    (2.4): the floor in pyproject is at least 2.5, so pip never pairs attnbook with a torch
+    that lacks them."""
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    floor = next(d for d in deps if d.startswith("torch")).split(">=")[1]
+    assert tuple(map(int, floor.split(".")[:2])) >= (2, 5), floor
+    source = "\n".join(p.read_text() for p in (ROOT / "attnbook").rglob("*.py"))
+    for needs_2_5 in ("enable_gqa", "flex_attention"):
+        assert needs_2_5 in source  # still used: the floor still has a reason
