@@ -262,6 +262,8 @@ def test_tracked_files_exclude_build_outputs():
 # The instructor guide, the API reference and the GPU tiers page keep up with the chapters
 # ---------------------------------------------------------------------------------------------
 COURSE = (ROOT / "book" / "course.md").read_text()
+# How grading works inside (the trust model, limits, the library table, grading times): its own page
+GRADING = (ROOT / "book" / "grading.md").read_text()
 EXERCISE = re.compile(r"`{3,}\{exercise\}\s*(.+?)\s*\(difficulty: ([★☆]+)\)\s*\n:label: (\S+)")
 
 
@@ -303,6 +305,112 @@ def test_course_syllabus_assigns_every_auto_checked_exercise_and_names_only_real
     assert {label for label, auto in exercises.items() if auto} <= named, "every auto-checked exercise is assigned"
     chapters_taught = set(re.findall(r"\{doc\}`(\w+)`", syllabus))
     assert chapters_taught == {nb.stem for nb in NOTEBOOKS}, "every chapter is taught in some week"
+    # FlashAttention and the kernel lab, the hardest chapters, get a week each (issue 44)
+    per_week = {w: re.findall(r"\{doc\}`(\w+)`", chapters)
+                for w, chapters in re.findall(r"^\| (\d+) \| ([^|]*) \|", syllabus, flags=re.M)}
+    assert ["flash"] in per_week.values() and ["kernel_lab"] in per_week.values(), per_week
+
+
+# The guide is for deciding and teaching; how grading works inside is book/grading.md
+INTERNALS = ["course-trust", "course-trust-kernels", "course-trust-library", "course-limits",
+             "course-trust-graders", "course-grading-times"]
+
+
+def test_instructor_guide_is_under_4000_words():
+    words = len(COURSE.split())  # what `wc -w book/course.md` counts: code blocks and tables too
+    assert words < 4000, f"book/course.md has {words} words: move what explains machinery to grading.md"
+
+
+def test_grading_internals_have_their_own_page():
+    labels = lambda text: re.findall(r"^\(([\w-]+)\)=$", text, flags=re.M)  # noqa: E731
+    for label in INTERNALS:
+        assert label in labels(GRADING), f"book/grading.md lacks ({label})="
+        assert label not in labels(COURSE), f"({label})= is still in book/course.md"
+    assert not set(labels(COURSE)) & set(labels(GRADING)), "a label is defined on both pages"
+    toc = _toc_files(yaml.safe_load((ROOT / "_toc.yml").read_text()).get("parts"))
+    assert toc.index("book/grading") == toc.index("book/course") + 1, "grading.md follows the guide in _toc.yml"
+    # every {ref} to a course- label, anywhere in the book, finds it on one of the two pages
+    defined = set(labels(COURSE)) | set(labels(GRADING))
+    for path in [ROOT / "intro.md", *NOTEBOOKS, *(ROOT / "book").glob("*.md")]:
+        for target in re.findall(r"\{ref\}`(?:[^`<]*<)?(course-[\w-]+)>?`", path.read_text()):
+            assert target in defined, f"{path.name} refers to {target}, which neither page defines"
+    # the guide links each grading route to how it works
+    for section in ("grading-grader", "grading-nbgrader", "grading-otter"):
+        assert f"({section})=" in GRADING and f"{{ref}}`{section}`" in COURSE, section
+
+
+def test_grading_page_says_what_every_auto_check_compares():
+    section = GRADING.split("(grading-checks)=")[1].split("\n(")[0]
+    rows = re.findall(r"^\| `([a-z]+-[\w-]+)` \| ", section, flags=re.M)
+    auto = [label for nb in NOTEBOOKS for label, _, checked in _chapter_exercises(nb) if checked]
+    assert sorted(rows) == sorted(auto), "grading.md's table of checks differs from the chapters' auto-checks"
+
+
+def _cli_commands() -> dict[str, set[str]]:
+    """``python -m attnbook.course``'s subcommands and the options of each, read from cli.py's
+    argparse calls (``x = commands.add_parser("name")``, then ``x.add_argument("--opt")``, options
+    of a group ``g = x.add_mutually_exclusive_group()`` included)."""
+    import ast
+
+    tree = ast.parse((ROOT / "attnbook" / "course" / "cli.py").read_text())
+    owner: dict[str, str] = {}  # variable -> subcommand
+    options: dict[str, set[str]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            call, target = node.value, node.targets[0]
+            if isinstance(call.func, ast.Attribute) and isinstance(target, ast.Name):
+                if call.func.attr == "add_parser":
+                    owner[target.id] = call.args[0].value
+                    options[call.args[0].value] = {"--help", "-h"}
+                elif call.func.attr == "add_mutually_exclusive_group" and call.func.value.id in owner:
+                    owner[target.id] = owner[call.func.value.id]
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument"
+                and isinstance(node.func.value, ast.Name) and node.func.value.id in owner):
+            options[owner[node.func.value.id]] |= {a.value for a in node.args if a.value.startswith("-")}
+    return options
+
+
+def _make_targets() -> set[str]:
+    return set(re.findall(r"^([A-Za-z][\w.-]*)\s*:(?!=)", (ROOT / "Makefile").read_text(), flags=re.M))
+
+
+CODE_BLOCK = re.compile(r"^ *```[\w-]*\n(.*?)^ *```", flags=re.M | re.S)
+
+
+def _shell_lines(page: str):
+    """Every command line of a page's code blocks (continuations joined, a ``$ `` prompt dropped,
+    the ``# comment`` after it returned apart), then every inline code span of its prose."""
+    for block in CODE_BLOCK.findall(page):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.strip().removeprefix("$ ")
+            command, _, comment = line.partition("#") if not line.startswith("#") else ("", "", line)
+            yield command.strip(), comment
+    for span in re.findall(r"`([^`\n]+)`", CODE_BLOCK.sub("", page)):
+        yield span.strip(), ""
+
+
+def test_the_guides_commands_name_real_subcommands_and_make_targets():
+    """The guide's commands are the ones the tests run: every ``python -m attnbook.course`` and
+    ``make`` in its code blocks (their comments too) and inline code names a subcommand, options and
+    targets that exist."""
+    cli, targets = _cli_commands(), _make_targets()
+    assert {"student", "nbgrader", "otter", "grade"} <= set(cli) and {"book", "student", "gpu-check"} <= targets
+    shown = set()
+    for page in (COURSE, GRADING):
+        for command, comment in _shell_lines(page):
+            for text in (command, comment):
+                for call in re.findall(r"python -m attnbook\.course ([^;&|]*)", text):
+                    sub, *args = call.split()
+                    assert sub in cli, f"`python -m attnbook.course {sub}` is no subcommand of cli.py"
+                    unknown = {a.split("=")[0] for a in args if a.startswith("-")} - cli[sub]
+                    assert not unknown, f"`python -m attnbook.course {sub}` has no option {unknown}"
+                    shown.add(sub)
+            if command.startswith("make "):
+                named = [w for w in command.split()[1:] if "=" not in w and not w.startswith("-")]
+                missing = set(named) - targets
+                assert named and not missing, f"`{command}`: the Makefile has no target {missing}"
+    assert shown >= set(cli), f"the guide never shows `python -m attnbook.course {set(cli) - shown}`"
 
 
 def test_api_reference_documents_every_public_module():

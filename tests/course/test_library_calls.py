@@ -4,8 +4,8 @@ implementation, and where it may not, an answer that does is found and fails (is
 The book's solutions must be clean under their policies; answers built from each policy's
 forbidden names, spelled through the chapter's own imports and in several other ways, must be
 caught by the grader's static reading (``library.references``) and, in a reader's notebook, by
-``run_check``'s reading of the compiled code; and the trust model's table in the instructor guide
-must be the one the policies generate.
+``run_check``'s reading of the compiled code; and the trust model's table on the grading page
+(book/grading.md) must be the one the policies generate.
 """
 
 from __future__ import annotations
@@ -407,16 +407,16 @@ def test_the_kernel_labs_launcher_does_not_count_but_a_library_kernel_does():
 
 
 # ---------------------------------------------------------------------------------------------
-# The instructor guide's table is the policies'
+# The table on the grading page (book/grading.md, the trust model) is the policies'
 # ---------------------------------------------------------------------------------------------
 def test_the_guides_trust_model_table_is_the_generated_one():
-    guide = (BOOK / "course.md").read_text()
-    section = guide.split("(course-trust-library)=")[1].split("\n(course-")[0]
+    page = (BOOK / "grading.md").read_text()
+    section = page.split("(course-trust-library)=")[1].split("\n(")[0]
     table = library.policy_table()
     start = section.find(table.splitlines()[0])
-    assert start >= 0, "course.md's trust model has no library table: paste attnbook.course.checks.library.policy_table()"
+    assert start >= 0, "grading.md's trust model has no library table: paste attnbook.course.checks.library.policy_table()"
     committed = section[start:].split("\n\n")[0].rstrip("\n") + "\n"
-    assert committed == table, "course.md's library table differs from the policies: regenerate it with policy_table()"
+    assert committed == table, "grading.md's library table differs from the policies: regenerate it with policy_table()"
     assert table.count("\n| `") == len(LABELS)
 
 

@@ -1,9 +1,10 @@
 """The course kit inside real nbgrader (the `test` extra installs nbgrader 0.9.6).
 
-An instructor's whole run, as book/course.md tells it, on two chapters: export the book,
-`nbgrader generate_assignment`, three students (a blank notebook, a solved one, one with
-one wrong answer), `autograde`, a manual grade for a written exercise, `generate_feedback`
-and `export`. The scores must be 0, full and full minus the wrong exercise's points; the
+An instructor's whole run, as book/course.md tells it (book/grading.md, "Inside the nbgrader
+export", says what it checks), on two chapters: export the book, `nbgrader
+generate_assignment`, three students (a blank notebook, a solved one, one with one wrong
+answer), `autograde`, a manual grade for a written exercise, `generate_feedback` and
+`export`. The scores must be 0, full and full minus the wrong exercise's points; the
 written exercises must count in the totals; the feedback must show each failed check's
 own message.
 """

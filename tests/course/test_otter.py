@@ -1,11 +1,12 @@
 """The course kit on Gradescope through real otter-grader (the `test` extra installs
 otter-grader 7.0.0), without Docker.
 
-As book/course.md tells it: `python -m attnbook.course otter` writes a chapter's master
-notebook, `otter assign` turns it into the student notebook and the Gradescope
-autograder zip, and `otter run` grades a blank, a solved and a wrong submission with
-that zip in this environment. Scores: 0, full, and full minus the wrong exercise's
-points; the wrong test's output is the check's own verdict.
+As book/course.md tells it (book/grading.md, "Inside the otter masters", says how):
+`python -m attnbook.course otter` writes a chapter's master notebook, `otter assign`
+turns it into the student notebook and the Gradescope autograder zip, and `otter run`
+grades a blank, a solved and a wrong submission with that zip in this environment.
+Scores: 0, full, and full minus the wrong exercise's points; the wrong test's output is
+the check's own verdict.
 """
 
 from __future__ import annotations
