@@ -30,8 +30,8 @@ chapter in four steps:
 4. **Report.** One row per check, a Markdown feedback file per student, and a
    gradebook CSV with points per chapter.
 
-What this defends against, and what it cannot, is written out in the instructor guide
-(``book/course.md``, *The trust model*).
+What this defends against, and what it cannot, is written out on the book's grading
+page (``book/grading.md``, *The trust model*).
 """
 
 from __future__ import annotations

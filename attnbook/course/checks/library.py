@@ -27,7 +27,7 @@ library's source into itself, nor a call through an object that the answer was h
 (the multi-head exercise's layer) or that other cells built, when the policy does not
 name its class: those need a trace of the calls, which the grader cannot take in the
 student's kernel. :func:`policy_table` lists, per exercise, what is forbidden and what
-is not detected; the instructor guide's trust model shows that table.
+is not detected; the grading page's trust model (``book/grading.md``) shows that table.
 """
 
 from __future__ import annotations
@@ -1187,8 +1187,8 @@ def policy_table() -> str:
     """The Markdown table of every registered exercise's policy, in the order the
     checks are registered: its label, whether the answer may use the library (and
     why), what the grader detects, and what it does not detect beyond what it misses
-    everywhere. The instructor guide's trust model holds this table, and a test keeps
-    the two equal."""
+    everywhere. The grading page's trust model (``book/grading.md``) holds this table,
+    and a test keeps the two equal."""
     from . import CHECKS
 
     rows = [
