@@ -201,19 +201,31 @@ def _differentiable_backward(forward, inputs, grad_out, needs_grad):
 # --------------------------------------------------------------------------------------
 # FlashAttention
 # --------------------------------------------------------------------------------------
+def _forward_pass(backend: str):
+    """The forward pass of ``backend``: the Triton launcher or the PyTorch tiles."""
+    if backend == "triton":
+        from .kernels.flash_triton import _flash_forward
+
+        return _flash_forward
+    return flash_forward
+
+
+def _needs_graph(*tensors: torch.Tensor) -> bool:
+    """Whether autograd must record this call: gradients on and an input that wants
+    one. Otherwise the entry points call the forward pass alone (no graph node, no
+    saved tensors: less host time per call)."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+
+
 class _FlashAttention(torch.autograd.Function):
     """Autograd wrapper: saves ``(q, k, v, out, lse)``, never an ``L x S`` tensor."""
 
     @staticmethod
     def forward(ctx, q, k, v, is_causal, scale, backend, window, slopes, softcap):
         fused = {"window_size": window, "alibi_slopes": slopes, "softcap": softcap}
-        if backend == "triton":
-            from .kernels.flash_triton import _flash_forward
-
-            run = _flash_forward
-        else:
-            run = flash_forward
-        out, lse = run(q, k, v, is_causal=is_causal, scale=scale, **fused)
+        out, lse = _forward_pass(backend)(
+            q, k, v, is_causal=is_causal, scale=scale, **fused
+        )
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.is_causal, ctx.scale, ctx.backend, ctx.fused = (
             is_causal,
@@ -298,9 +310,15 @@ def flash_attention(
     chosen = _select_backend(fn, q4, backend, v4)
     if chosen == "triton":
         _check_triton_limits(fn, q4, k4, v4)
-    out = _FlashAttention.apply(
-        q4, k4, v4, bool(is_causal), scale, chosen, window, slopes, softcap
-    )
+    if _needs_graph(q4, k4, v4):
+        out = _FlashAttention.apply(
+            q4, k4, v4, bool(is_causal), scale, chosen, window, slopes, softcap
+        )
+    else:
+        fused = {"window_size": window, "alibi_slopes": slopes, "softcap": softcap}
+        out, _ = _forward_pass(chosen)(
+            q4, k4, v4, is_causal=bool(is_causal), scale=scale, **fused
+        )
     out = _from_4d(out, batch, rank)
     return (out, chosen) if return_backend else out
 

@@ -86,6 +86,8 @@ def check_sizes(fn: str, **values) -> None:
     """``ValueError`` naming ``fn`` and the argument unless every value is a positive
     integer (a bool is not one): ``check_sizes("GNN", hidden=h, heads=n)``."""
     for name, value in values.items():
+        if type(value) is int and value >= 1:  # the common case, without ABC checks
+            continue
         if (
             isinstance(value, bool)
             or not isinstance(value, numbers.Integral)
@@ -219,17 +221,21 @@ def check_qkv(
             f"{fn}: q, k and v must be on one device, got {q.device}, {k.device}, "
             f"{v.device}"
         )
-    shapes = f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
+    def shapes() -> str:  # for the messages only: formatting costs a call's time
+        return f"q {_shape(q)}, k {_shape(k)}, v {_shape(v)}"
+
     if q.shape[-1] != k.shape[-1]:
         raise ValueError(
-            f"{fn}: q and k must have the same last dimension (head_dim): {shapes}"
+            f"{fn}: q and k must have the same last dimension (head_dim): {shapes()}"
         )
     if k.shape[-2] != v.shape[-2]:
         raise ValueError(
-            f"{fn}: k and v must have the same sequence length (dim -2): {shapes}"
+            f"{fn}: k and v must have the same sequence length (dim -2): {shapes()}"
         )
     if k.shape[:-2] != v.shape[:-2]:
-        raise ValueError(f"{fn}: k and v must have the same batch and heads: {shapes}")
+        raise ValueError(
+            f"{fn}: k and v must have the same batch and heads: {shapes()}"
+        )
     grouped = (
         q.dim() >= 3
         and k.dim() >= 3
@@ -241,21 +247,23 @@ def check_qkv(
         if hq % hk:
             raise ValueError(
                 f"{fn}: q's {hq} heads are not a multiple of k's {hk} (grouped-query "
-                f"attention shares each key/value head among a group): {shapes}"
+                f"attention shares each key/value head among a group): {shapes()}"
             )
         if not gqa:
             raise ValueError(
                 f"{fn}: q has {hq} heads and k {hk}; pass enable_gqa=True for "
-                f"grouped-query attention: {shapes}"
+                f"grouped-query attention: {shapes()}"
             )
     batch_q, batch_k = (
         (q.shape[:-3], k.shape[:-3]) if grouped else (q.shape[:-2], k.shape[:-2])
     )
+    if batch_q == batch_k:
+        return
     try:
         torch.broadcast_shapes(batch_q, batch_k)
     except RuntimeError:
         raise ValueError(
-            f"{fn}: the batch dimensions do not broadcast: {shapes}"
+            f"{fn}: the batch dimensions do not broadcast: {shapes()}"
         ) from None
 
 

@@ -133,6 +133,12 @@ def _check_head_dim(fn: str, q: torch.Tensor, scale: float | None) -> None:
 def _as_4d(q, k, v):
     """``q, k, v`` of the contract's shapes as ``(B, H, L, E)`` tensors for the tiled
     code and the kernels, and the leading shape to give the output back."""
+    if (  # already (B, H, L, E) with one batch: nothing to reshape (the common call)
+        q.dim() == k.dim() == v.dim() == 4
+        and q.shape[0] == k.shape[0] == v.shape[0]
+        and (q.shape[1] > 1 or k.shape[1] == 1)
+    ):
+        return q, k, v, q.shape[:1]
     rank = max(q.dim(), k.dim(), 3)
     q, k, v = (t.reshape((1,) * (rank - t.dim()) + tuple(t.shape)) for t in (q, k, v))
     batch = torch.broadcast_shapes(q.shape[:-3], k.shape[:-3])

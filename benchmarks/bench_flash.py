@@ -25,6 +25,13 @@ FlexAttention is timed compiled or not at all: dynamo may compile one graph per 
 limit is raised to the points' number), and a call that would run flex_attention unfused raises.
 ``--json FILE`` writes the rows and the summary (what ``tools/gpu_check.py`` commits).
 
+``--tutorial PATH`` (or the environment variable ``ATTNBOOK_TRITON_TUTORIAL``) adds a third
+column: the fused attention of Triton's own tutorial, ``python/tutorials/06-fused-attention.py``
+from the Triton repository (its ``attention(q, k, v, causal, sm_scale)``), timed in the same run
+on the points it takes (head dims 16 to 256, lengths that are multiples of 128). The book does not
+ship that file: point ``PATH`` at a checkout of Triton's tutorials. The summary says at how many
+points the book's kernels are slower than the tutorial's, and by how much at most.
+
 With ``--window W`` (CPU) it times the PyTorch tiled path with a sliding window of ``W`` keys
 (``flash_attention(..., window_size=(W, 0), is_causal=True)``) against the full causal path: at a
 fixed window the tiles outside it are skipped, so the windowed time per token stays flat while the
@@ -41,8 +48,10 @@ Run it from the repository root::
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
+import os
 import time
 
 import torch
@@ -70,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--window", type=int, default=None, help="time a sliding window of this many keys (CPU)")
     parser.add_argument("--quick", action="store_true", help="GPU: float16, one head dim, batch 1, n = 1024 and 4096")
     parser.add_argument("--json", default=None, help="GPU: also write the rows and the summary to this file")
+    parser.add_argument("--tutorial", default=os.environ.get("ATTNBOOK_TRITON_TUTORIAL"),
+                        help="GPU: Triton's tutorials/06-fused-attention.py, timed as a third column")
     return parser.parse_args(argv)
 
 
@@ -220,6 +231,24 @@ def matrix(args: argparse.Namespace) -> list[dict]:
     return points
 
 
+def load_tutorial(path: str):
+    """The ``attention(q, k, v, causal, sm_scale)`` of the Triton tutorial file at ``path``."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"--tutorial: no file {path!r} (Triton's python/tutorials/06-fused-attention.py)")
+    spec = importlib.util.spec_from_file_location("triton_tutorial_fused_attention", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if not callable(getattr(module, "attention", None)):
+        raise AttributeError(f"--tutorial: {path!r} has no attention(q, k, v, causal, sm_scale)")
+    return module.attention
+
+
+def tutorial_takes(point: dict) -> bool:
+    """The tutorial's kernels take head dims 16, 32, 64, 128, 256 and (backward) lengths
+    that are multiples of 128."""
+    return point["head_dim"] in (16, 32, 64, 128, 256) and point["n"] % 128 == 0
+
+
 def geometric_mean(values: list[float]) -> float:
     values = [v for v in values if v == v and v > 0]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
@@ -234,21 +263,24 @@ def summary(rows: list[dict]) -> dict:
         if not mine:
             continue
         entry = {}
-        for other in ("sdpa", "flex"):
+        for other in ("sdpa", "flex", "tutorial"):
             key = f"speed_vs_{other}"
-            values = [r[key] for r in mine if r[key] == r[key]]
+            values = [r[key] for r in mine if r.get(key, math.nan) == r.get(key, math.nan)]
             if values:
-                worst = min((r for r in mine if r[key] == r[key]), key=lambda r: r[key])
+                worst = min((r for r in mine if r.get(key, math.nan) == r.get(key, math.nan)),
+                            key=lambda r: r[key])
                 entry[key] = {"geomean": geometric_mean(values), "min": worst[key],
-                              "min_at": {k: worst[k] for k in ("dtype", "head_dim", "causal", "batch", "n")}}
+                              "min_at": {k: worst[k] for k in ("dtype", "head_dim", "causal", "batch", "n")},
+                              "points": len(values), "slower_at": sum(v < 1 for v in values)}
         out[name] = entry
     return out
 
 
 def time_point(point: dict, backward: bool, repeat: int, timer=gpu_time, device: str = "cuda",
-               flex=None, errors: dict | None = None) -> dict:
+               flex=None, errors: dict | None = None, tutorial=None) -> dict:
     """One row: TFLOP/s of Triton, SDPA, FlexAttention (``flex``: a function of q, k, v or
-    None) and naive attention on one point, their ratios, peak memory and the error."""
+    None), the Triton tutorial's kernel (``tutorial``: its ``attention`` or None) and naive
+    attention on one point, their ratios, peak memory and the error."""
     B, H, n, d = point["batch"], point["heads"], point["n"], point["head_dim"]
     dtype, causal = getattr(torch, point["dtype"]), point["causal"]
     q, k, v = (torch.randn(B, H, n, d, device=device, dtype=dtype, requires_grad=backward)
@@ -258,6 +290,8 @@ def time_point(point: dict, backward: bool, repeat: int, timer=gpu_time, device:
         "triton": lambda: flash_attention(q, k, v, is_causal=causal, backend="triton"),
         "sdpa": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal),
         "flex": (lambda: flex(q, k, v)) if flex is not None else None,
+        "tutorial": ((lambda: tutorial(q, k, v, causal, 1 / math.sqrt(d)))
+                     if tutorial is not None and tutorial_takes(point) else None),
         "naive": lambda: naive_attention(q, k, v, is_causal=causal),
     }
     cuda = device.startswith("cuda")
@@ -276,6 +310,7 @@ def time_point(point: dict, backward: bool, repeat: int, timer=gpu_time, device:
     return {**point, "pass": name, "tflops": tflops, "peak_mib": mem,
             "speed_vs_sdpa": tflops["triton"] / tflops["sdpa"],
             "speed_vs_flex": tflops["triton"] / tflops["flex"],
+            "speed_vs_tutorial": tflops["triton"] / tflops["tutorial"],
             "max_err": (errors or {}).get(name, float("nan"))}
 
 
@@ -285,12 +320,14 @@ def gpu_table(args: argparse.Namespace, timer=gpu_time) -> dict:
     geometric means, returns them (``--json`` writes them)."""
     device = args.device
     points = matrix(args)
+    tutorial = load_tutorial(args.tutorial) if args.tutorial else None
     raise_recompile_limit(2 * len(points))  # one forward and one backward graph per point
     info = {"device": torch.cuda.get_device_name() if device.startswith("cuda") else device,
-            "torch": torch.__version__, "repeat": args.repeat, "quick": args.quick}
+            "torch": torch.__version__, "repeat": args.repeat, "quick": args.quick,
+            "tutorial": args.tutorial}
     print(f"device={info['device']} (best of {args.repeat}; TFLOP/s; speed = Triton's TFLOP/s / the other's)")
     print(f"{'dtype':>8} {'d':>3} {'causal':>6} {'B':>3} {'H':>3} {'n':>6} {'pass':>8} | {'triton':>7} {'sdpa':>7} "
-          f"{'flex':>7} {'naive':>7} | vs sdpa  vs flex | {'triton MiB':>10} | max err")
+          f"{'flex':>7} {'tutor.':>7} {'naive':>7} | vs sdpa  vs flex  vs tut. | {'triton MiB':>10} | max err")
     rows = []
     for point in tqdm(points, desc="points", leave=False):
         B, H, n, d = point["batch"], point["heads"], point["n"], point["head_dim"]
@@ -300,19 +337,23 @@ def gpu_table(args: argparse.Namespace, timer=gpu_time) -> dict:
         del q, k, v
         for backward in (False, True):
             flex = flex_attention_fn(point["causal"], n, device)
-            row = time_point(point, backward, args.repeat, timer, device, flex, errors)
+            row = time_point(point, backward, args.repeat, timer, device, flex, errors, tutorial)
             rows.append(row)
             t = row["tflops"]
             tqdm.write(f"{row['dtype']:>8} {d:>3} {str(row['causal']):>6} {B:>3} {H:>3} {n:>6} {row['pass']:>8} | "
-                       f"{t['triton']:7.1f} {t['sdpa']:7.1f} {t['flex']:7.1f} {t['naive']:7.1f} | "
-                       f"{row['speed_vs_sdpa']:7.2f} {row['speed_vs_flex']:8.2f} | {row['peak_mib']['triton']:10.1f} | "
+                       f"{t['triton']:7.1f} {t['sdpa']:7.1f} {t['flex']:7.1f} {t['tutorial']:7.1f} {t['naive']:7.1f} | "
+                       f"{row['speed_vs_sdpa']:7.2f} {row['speed_vs_flex']:8.2f} {row['speed_vs_tutorial']:8.2f} | "
+                       f"{row['peak_mib']['triton']:10.1f} | "
                        f"{row['max_err']:.1e}")
     result = {**info, "rows": rows, "summary": summary(rows)}
     for name, entry in result["summary"].items():
         for key, s in entry.items():
             at = s["min_at"]
             print(f"{name:>8} {key}: geometric mean {s['geomean']:.2f}, lowest {s['min']:.2f} at {at['dtype']} "
-                  f"d={at['head_dim']} causal={at['causal']} B={at['batch']} n={at['n']}")
+                  f"d={at['head_dim']} causal={at['causal']} B={at['batch']} n={at['n']}; slower at "
+                  f"{s['slower_at']} of {s['points']} points" + (f", by up to {1 / s['min']:.2f}x" if s['min'] < 1 else ""))
+    if tutorial is None:
+        print("(no third column: --tutorial PATH times Triton's tutorials/06-fused-attention.py beside these)")
     return result
 
 

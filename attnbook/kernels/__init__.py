@@ -34,6 +34,7 @@ Triton still runs float16, and says so).
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import importlib.util
 import os
@@ -78,7 +79,10 @@ def check_addressing(fn: str, **tensors: torch.Tensor) -> None:
             )
 
 
+@functools.cache
 def _triton_version() -> str | None:
+    """Triton's installed version, ``None`` without it: read once per process (reading
+    the package metadata took most of a call's host time)."""
     if importlib.util.find_spec("triton") is None:
         return None
     try:

@@ -41,6 +41,7 @@ call them.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -821,12 +822,25 @@ def _configs(
             ]
         return [config]
     capability = torch.cuda.get_device_capability(q.device)
+    return _gpu_configs(kernel, capability, q.dtype, width, mask_block)
+
+
+@functools.cache
+def _gpu_configs(
+    kernel: str,
+    capability: tuple[int, int],
+    dtype: torch.dtype,
+    width: int,
+    mask_block: int | None,
+) -> tuple[Config, ...]:
+    """:func:`_configs` on a GPU, read from the compiled table once per kernel, GPU,
+    dtype, width and mask block (a call reads no table)."""
     found = []
     for allow_spills in (False, True):
         found = [
             config
             for config, _ in tuning.candidates(
-                kernel, capability, q.dtype, width, allow_spills=allow_spills
+                kernel, capability, dtype, width, allow_spills=allow_spills
             )
             if mask_block is None
             or (config.block_m <= mask_block and config.block_n <= mask_block)
@@ -836,11 +850,11 @@ def _configs(
     if not found:
         raise RuntimeError(
             f"{kernel}: no tile configuration fits compute capability "
-            f"{capability[0]}.{capability[1]} for {q.dtype} at head dim {width}"
+            f"{capability[0]}.{capability[1]} for {dtype} at head dim {width}"
             + (f" and {mask_block}-token mask blocks" if mask_block else "")
             + ": use backend='torch' (attnbook.kernels.plan says why)"
         )
-    return found
+    return tuple(found)
 
 
 def _launch(kernel: str, fn, grid, args: tuple, meta: dict, configs, key) -> None:

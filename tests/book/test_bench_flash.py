@@ -114,3 +114,36 @@ def test_flexattention_tiles_divide_the_block_masks_blocks():
     assert flex_kernel_options(small, "cpu") is None
     large = create_block_mask(causal, None, None, 256, 256, device="cpu")
     assert flex_kernel_options(large, torch.device("cuda", 0)) is None
+
+
+def test_the_triton_tutorial_is_a_third_column_where_it_applies(bench, monkeypatch, tmp_path):
+    """--tutorial loads attention(q, k, v, causal, sm_scale) from a file (here a stand-in with
+    the tutorial's signature) and times it beside the rest on the points it takes; the summary
+    counts the points where the book's kernels are slower."""
+    stand_in = tmp_path / "fused_attention.py"
+    stand_in.write_text(
+        "import torch.nn.functional as F\n"
+        "def attention(q, k, v, causal, sm_scale):\n"
+        "    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=sm_scale)\n"
+    )
+    points = [dict(dtype="float16", head_dim=16, causal=True, batch=1, heads=2, n=n) for n in (40, 128)]
+    monkeypatch.setattr(bench, "matrix", lambda args: points)
+    monkeypatch.setattr(bench, "flex_attention_fn", lambda causal, n, device: None)
+
+    def timer(fn, backward, repeat):
+        start = time.perf_counter()
+        out = fn()
+        if backward:
+            out.backward(torch.ones_like(out))
+        return time.perf_counter() - start
+
+    args = bench.parse_args(["--device", "cpu", "--repeat", "1", "--tutorial", str(stand_in)])
+    result = bench.gpu_table(args, timer=timer)
+    by_n = {(r["n"], r["pass"]): r for r in result["rows"]}
+    assert math.isnan(by_n[40, "fwd"]["tflops"]["tutorial"])  # not a multiple of 128: not timed
+    timed = by_n[128, "fwd"]
+    assert math.isclose(timed["speed_vs_tutorial"], timed["tflops"]["triton"] / timed["tflops"]["tutorial"])
+    s = result["summary"]["fwd"]["speed_vs_tutorial"]
+    assert s["points"] == 1 and s["slower_at"] == int(timed["speed_vs_tutorial"] < 1)
+    with pytest.raises(FileNotFoundError, match="--tutorial"):
+        bench.load_tutorial(str(tmp_path / "missing.py"))

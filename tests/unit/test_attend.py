@@ -134,3 +134,45 @@ def test_the_pytorch_passes_old_names_warn_for_one_release(old, new):
     assert old not in flash.__all__ and new in flash.__all__
     with pytest.warns(DeprecationWarning, match=f"attnbook.flash.{new}"):
         assert getattr(flash, old) is getattr(flash, new)
+
+
+# --------------------------------------------------------------------------------------
+# The host path: what a call costs before the GPU sees work
+# --------------------------------------------------------------------------------------
+def test_a_call_reads_no_package_metadata_and_no_table(monkeypatch):
+    """Triton's version is read once per process and the tile configurations once per
+    (kernel, GPU, dtype, width, mask block): a call reads neither (reading the package
+    metadata took most of a call's host time)."""
+    pytest.importorskip("triton")
+    import importlib.metadata
+
+    from attnbook import kernels
+    from attnbook.kernels import flash_triton, tuning
+
+    kernels._triton_version()  # read once
+    reads = []
+    monkeypatch.setattr(importlib.metadata, "version", lambda *a: reads.append(a) or "0")
+    q = torch.randn(1, 2, 8, 16)
+    for _ in range(3):
+        kernels.plan_for("flash", q)
+        attend.flash_attention(q, q, q, backend="torch")
+    assert reads == []
+
+    flash_triton._gpu_configs.cache_clear()
+    calls = []
+    real = tuning.candidates
+    monkeypatch.setattr(tuning, "candidates", lambda *a, **k: calls.append(a) or real(*a, **k))
+    for _ in range(3):
+        flash_triton._gpu_configs("flash_fwd", (9, 0), torch.float16, 64, None)
+    assert len(calls) == 1 and flash_triton._gpu_configs.cache_info().hits == 2
+
+
+def test_a_call_without_gradients_records_no_graph():
+    q, k, v = (torch.randn(1, 2, 8, 16, dtype=torch.float64) for _ in range(3))
+    out = attend.flash_attention(q, k, v, is_causal=True)
+    assert out.grad_fn is None  # the forward pass alone: no autograd node, nothing saved
+    q.requires_grad_()
+    out = attend.flash_attention(q, k, v, is_causal=True)
+    assert out.grad_fn is not None
+    with torch.no_grad():
+        assert attend.flash_attention(q, k, v, is_causal=True).grad_fn is None
