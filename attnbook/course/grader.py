@@ -1047,13 +1047,16 @@ class KernelSession:
         limits: sandbox.Limits,
         guard: sandbox.ProcessGuard,
         isolation: str = "none",
+        deadline: float | None = None,
     ):
         if isolation not in ("bwrap", "none"):
             raise ValueError(f"isolation must be 'bwrap' or 'none', got {isolation!r}")
         self.limits, self.guard, self.isolation = limits, guard, isolation
         self.output = 0  # bytes of output the kernel sent so far
         self.answer_limit = min(MAX_REPLY, limits.output // 2)  # bytes of one answer
-        self.deadline = time.monotonic() + limits.notebook_timeout
+        self.deadline = (
+            time.monotonic() + limits.notebook_timeout if deadline is None else deadline
+        )
         self.folder = Path(tempfile.mkdtemp(prefix="attnbook-kernel-"))
         self.proc: subprocess.Popen | None = None
         self.kernel_pid: int | None = None  # the kernel's process, as this host sees it
@@ -1280,7 +1283,7 @@ class KernelSession:
         )
         result = CellRun()
         if not self._drain(msg_id, timeout, result, self.deadline):
-            self._interrupt(msg_id)
+            self._interrupt(msg_id, f"ran longer than {timeout:g} s")
             raise CallTimeout(f"ran longer than {timeout:g} s")
         result.reply = self._reply(msg_id)
         return result
@@ -1351,12 +1354,13 @@ class KernelSession:
         self.kill("the kernel did not answer")
         return {}  # pragma: no cover - kill raises
 
-    def _interrupt(self, msg_id: str) -> None:
+    def _interrupt(self, msg_id: str, why: str = "ran past its time limit") -> None:
         """Kill every process of the submission but the kernel and interrupt the running
-        cell (SIGINT, as Jupyter does); kill the kernel if it does not stop in 10 s."""
+        cell (SIGINT, as Jupyter does); kill the kernel if it does not stop in 10 s.
+        ``why`` says why the cell is interrupted."""
         self._kill_others(interrupt=True)
         if not self._drain(msg_id, 10, CellRun(), reap=True):
-            self.kill("a cell ran past its time limit and ignored the interrupt")
+            self.kill(f"a cell {why} and ignored the interrupt")
         self._kill_others()  # what it started between the SIGINT and its stop
         self._reply(msg_id)
 
@@ -1844,9 +1848,7 @@ def grade_notebook(
         answers = [s.code for s in steps if s.kind == "answer"]
         with sandbox.process_guard(limits.processes, limits.memory_together) as guard:
             try:
-                rows.update(
-                    _grade_kernels(answers, kernel_checks, limits, guard, isolation)
-                )
+                _grade_kernels(answers, kernel_checks, limits, guard, isolation, rows)
             except KernelGone as err:
                 extra.append(_row(NOTEBOOK, 0, "error", f"the kernels' worker: {err}"))
             except Exception as err:
@@ -1870,20 +1872,24 @@ globals().update(lab.define_kernels({source!r}))
 """
 
 
-def _grade_kernels(answers, checks, limits, guard, isolation) -> dict[str, dict]:
-    """The rows of the kernel checks ``checks``: the answer cells' kernels, read by
-    :func:`kernel_source`, defined in a fresh kernel of their own (the worker) and
-    checked there through the book's launchers, each call from this process like any
-    other check's."""
+def _grade_kernels(
+    answers, checks, limits, guard, isolation, rows: dict | None = None
+) -> dict[str, dict]:
+    """Add to ``rows`` (a new dict by default) and return them: the rows of the kernel checks ``checks``, the
+    answer cells' kernels, read by :func:`kernel_source`, defined in a fresh kernel of
+    their own (the worker) and checked there through the book's launchers, each call
+    from this process like any other check's. Raises :class:`KernelGone`, with the
+    rows it has, once the notebook's time is up."""
     from .checks import run_check
 
-    rows: dict[str, dict] = {}
+    rows = {} if rows is None else rows
     try:
         source = kernel_source(answers)
     except ImportError as err:
-        return {
-            s.label: _row(s.label, 0, "not run", f"{NOT_RUN}: {err}") for s in checks
-        }
+        rows.update(
+            {s.label: _row(s.label, 0, "not run", f"{NOT_RUN}: {err}") for s in checks}
+        )
+        return rows
     wanted = []
     for step in checks:
         _, name = kernel_check(step.code)
@@ -1906,20 +1912,41 @@ def _grade_kernels(answers, checks, limits, guard, isolation) -> dict[str, dict]
             )
         else:
             wanted.append(step)
-    if not wanted:
-        return rows
-    with KernelSession(limits, guard, isolation) as worker:
-        run = worker.run(_WORKER_SETUP.format(source=source.text))
+    deadline = time.monotonic() + limits.notebook_timeout
+    worker: KernelSession | None = None
+    try:
         for step in wanted:
-            if run.error:
-                rows[step.label] = _row(
-                    step.label,
-                    0,
-                    "failed",
-                    f"your kernels could not be defined: {run.error}",
-                )
-            else:
-                rows[step.label] = _check(worker, step, run_check, None)
+            # A check whose call ends the worker (a kernel that ignores the interrupt,
+            # or runs out of memory) fails alone: the next check gets a fresh worker.
+            # The first death may be the machine's, so that check runs once more.
+            for attempt in (1, 2):
+                try:
+                    if worker is None:
+                        worker = KernelSession(limits, guard, isolation, deadline)
+                        worker.start()
+                        setup = worker.run(_WORKER_SETUP.format(source=source.text))
+                    if setup.error:
+                        rows[step.label] = _row(
+                            step.label,
+                            0,
+                            "failed",
+                            f"your kernels could not be defined: {setup.error}",
+                        )
+                    else:
+                        rows[step.label] = _check(worker, step, run_check, None)
+                    break
+                except KernelGone as err:
+                    worker.close()
+                    worker = None
+                    if attempt == 2 or time.monotonic() >= deadline:
+                        rows[step.label] = _row(
+                            step.label, 0, "failed", f"your kernel stopped: {err}"
+                        )
+                        if time.monotonic() >= deadline:
+                            raise
+    finally:
+        if worker is not None:
+            worker.close()
     return rows
 
 

@@ -248,7 +248,7 @@ def test_an_attack_on_the_sandbox_scores_as_blank_and_is_reported(sandboxed, att
     first = rows[LABELS[0]]["message"]
     if attack == "fork-bomb":  # its forks killed at the cell's time limit; its kernel, left with
         # nothing but zombies to fill its 64 processes, may not recover from the interrupt
-        stopped = "*" in rows and "ran past its time limit" in rows["*"]["message"]
+        stopped = "*" in rows and "ignored the interrupt" in rows["*"]["message"]
         assert stopped or "ran longer than 6 s" in first, (first, rows.get("*"))
     elif attack == "setsid-children":
         assert "your answer cell raised the cell ran longer than 6 s" in first, first
