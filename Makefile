@@ -14,12 +14,13 @@ TORCH_INDEX   ?=
 export OMP_NUM_THREADS ?= 1
 JOBS   ?= 2
 
-.PHONY: help install book book-instructor test test-fast test-grading student student-branch clean release links pdf gpu-check
+.PHONY: help install book book-instructor slides test test-fast test-grading student student-branch clean release links pdf gpu-check
 
 help:
 	@echo "make book   build the website into _build/html (creates $(VENV), executes every chapter)"
 	@echo "            the student edition: every exercise, no solution (what is published)"
 	@echo "make book-instructor   the instructor edition, with every solution: $(INSTRUCTOR_HTML)"
+	@echo "make slides   rebuild only the lecture slides (one reveal.js deck per chapter) into $(SLIDES)"
 	@echo "make test   build the book, then run all tests: package, Triton interpreter, course kit, chapters, browser"
 	@echo "make test-fast   package tests only (no notebooks, no browser)"
 	@echo "make test-grading   every chapter under nbgrader autograde in a venv from the grading extra"
@@ -48,8 +49,18 @@ BOOK_ENV = $(if $(BOOK_KERNELS),JUPYTER_PATH="$(abspath $(BOOK_KERNELS))$${JUPYT
 
 book: $(STAMP)
 	$(BOOK_ENV) $(BIN)/jupyter-book build . --builder html -W -n --keep-going
+	$(SLIDES_BUILD)
 	@echo
 	@echo "The book is built: open file://$(CURDIR)/_build/html/index.html"
+
+# The lecture slides (tools/slides.py): one reveal.js deck per chapter, made from the
+# executed notebooks the book build leaves in _build/jupyter_execute (no kernel starts,
+# a few seconds), into the site `make book` builds, so the published site has them at
+# slides/index.html. `make slides` rebuilds them alone after a `make book`.
+SLIDES ?= _build/html/slides
+SLIDES_BUILD = $(BIN)/python -m tools.slides --out $(SLIDES)
+slides: $(STAMP)
+	$(SLIDES_BUILD)
 
 # The instructor edition: the same book with every solution (_ext/editions.py), for
 # instructors only; no workflow publishes it (README.md, "How the book is published"). It
@@ -59,6 +70,7 @@ book: $(STAMP)
 INSTRUCTOR_HTML ?= _build/instructor/html
 book-instructor: book
 	$(BIN)/python _ext/editions.py build instructor $(INSTRUCTOR_HTML)
+	rm -rf $(INSTRUCTOR_HTML)/slides && cp -R $(SLIDES) $(INSTRUCTOR_HTML)/slides
 	@echo "The instructor edition is built: open file://$(abspath $(INSTRUCTOR_HTML))/index.html (do not publish it)"
 
 # The whole book as one PDF, printed by headless Chromium from the website (tools/pdf.py says how):
@@ -76,7 +88,7 @@ test-grading: $(STAMP)
 	$(BIN)/python -m pytest -m every_chapter -s tests/course/test_nbgrader.py
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -n $(JOBS) tests -m "not every_chapter" --ignore=tests/book/test_site.py --ignore=tests/book/test_editions.py \
+	$(BIN)/python -m pytest -n $(JOBS) tests -m "not every_chapter and not site" --ignore=tests/book/test_site.py --ignore=tests/book/test_editions.py \
 	  --ignore=tests/course/test_course.py --ignore=tests/book/test_outputs.py --ignore=tests/book/test_pdf.py \
 	  --ignore=tests/book/test_colab_path.py --ignore=tests/course/test_nbgrader.py --ignore=tests/course/test_otter.py
 
