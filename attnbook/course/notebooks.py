@@ -23,6 +23,7 @@ __all__ = [
     "make_student_bundle",
     "expected_labels",
     "written_exercises",
+    "rubrics",
     "slowest_cell",
     "cell_timeout",
     "nbgrader_config",
@@ -273,10 +274,27 @@ def _directives(source: str, opening: re.Pattern) -> list[tuple[str, str, str]]:
     return found
 
 
-def written_exercises(nb) -> dict[str, str]:
-    """The exercises of ``nb`` that no ``check(...)`` cell grades: label -> the model
-    answer written in the chapter's ``{solution}`` directive ('' if it has none), in
-    order of appearance."""
+# A written exercise's rubric: the end of its {solution} directive, from this line on
+# (instructor-only, as the directive is), e.g. "**Rubric** (2 points)" then a list
+# "- **Full (2 points)**: ...", "- **Partial (1 point)**: ...", "- **Missing (0
+# points)**: ..." of what each answer contains.
+RUBRIC_HEADING = re.compile(
+    r"^\*\*Rubric\*\* \((?P<points>\d+(?:\.\d+)?) points?\)\s*$"
+)
+
+
+def _split_rubric(body: str) -> tuple[str, str]:
+    """``(model answer, rubric)`` of a ``{solution}`` directive's ``body``: the rubric
+    from its heading line (``RUBRIC_HEADING``) to the end ('' if none)."""
+    lines = body.split("\n")
+    at = next((i for i, line in enumerate(lines) if RUBRIC_HEADING.match(line)), None)
+    if at is None:
+        return body.strip("\n"), ""
+    return "\n".join(lines[:at]).strip("\n"), "\n".join(lines[at:]).strip("\n")
+
+
+def _written(nb) -> dict[str, tuple[str, str]]:
+    """label -> ``(model answer, rubric)`` of each written exercise of ``nb``."""
     checked = set(expected_labels(nb))
     exercises, solutions = [], {}
     for cell in nb.cells:
@@ -284,12 +302,34 @@ def written_exercises(nb) -> dict[str, str]:
             continue
         exercises += [lab for _, lab, _ in _directives(cell.source, _EXERCISE_OPEN)]
         for argument, _, body in _directives(cell.source, _SOLUTION_OPEN):
-            solutions[argument] = "\n\n".join(
-                filter(None, [solutions.get(argument), body])
+            model, rubric = _split_rubric(body)
+            old_model, old_rubric = solutions.get(argument, ("", ""))
+            solutions[argument] = (
+                "\n\n".join(filter(None, [old_model, model])),
+                "\n\n".join(filter(None, [old_rubric, rubric])),
             )
     return {
-        label: solutions.get(label, "") for label in exercises if label not in checked
+        label: solutions.get(label, ("", ""))
+        for label in exercises
+        if label not in checked
     }
+
+
+def written_exercises(nb) -> dict[str, str]:
+    """The exercises of ``nb`` that no ``check(...)`` cell grades: label -> the model
+    answer written in the chapter's ``{solution}`` directive, without its rubric ('' if
+    it has none), in order of appearance."""
+    return {label: model for label, (model, _) in _written(nb).items()}
+
+
+def rubrics(nb) -> dict[str, str]:
+    """label -> the rubric of each written exercise of ``nb`` ('' if it has none), in
+    order of appearance: the end of its ``{solution}`` directive from the line
+    ``**Rubric** (N points)`` (``RUBRIC_HEADING``) on, a list of what a full, a partial
+    and a missing answer contains. Instructor-only, as the directive is: the student
+    notebooks and the student edition drop it, the nbgrader and otter exports show it
+    to the grader alone (see :func:`nbgrader_source` and :func:`otter_master`)."""
+    return {label: rubric for label, (_, rubric) in _written(nb).items()}
 
 
 def _exercise_points(nb, label: str, points: float | None = None) -> float:
@@ -381,6 +421,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 # No compile report after a kernel lab check passes (several seconds per kernel): a
 # grader needs the verdict alone.
 os.environ.setdefault("ATTNBOOK_COMPILE_REPORT", "0")
+
+# The rubric of each written exercise is in a read-only cell after its answer cell,
+# between "=== BEGIN MARK SCHEME ===" and "=== END MARK SCHEME ===". generate_assignment
+# takes it out of the students' notebooks (ClearMarkScheme) and autograde puts it back
+# from the gradebook, as it does every read-only cell, so the formgrader shows it.
+# nbgrader looks for mark schemes in task cells only unless told otherwise:
+c.ClearMarkScheme.enforce_metadata = False
+# and the feedback the students get leaves it out too (nbgrader's default shows it):
+c.GenerateFeedback.preprocessors = [
+    "nbgrader.preprocessors.ClearMarkScheme",
+    "nbgrader.preprocessors.GetGrades",
+    "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
+]
 """
 REPOSITORY = "https://github.com/attnbook/attention-book"
 
@@ -412,6 +465,11 @@ NBGRADER_TEST = "_verdict = {call}\nassert _verdict, _verdict.message"
 WRITTEN_PROMPT = (
     "**Your answer to the written exercise `{label}`** ({points:g} {unit}):"
 )
+# nbgrader's mark-scheme region (ClearMarkScheme's delimiters are "BEGIN MARK SCHEME"
+# and "END MARK SCHEME", found anywhere in a line), and the line of the rubric cell
+# that the students see.
+MARK_SCHEME = ("=== BEGIN MARK SCHEME ===", "=== END MARK SCHEME ===")
+RUBRIC_NOTE = "*Your answer to `{label}` is graded by hand against a rubric.*"
 
 
 def _nbgrader_meta(
@@ -458,6 +516,19 @@ def _one_check_call(cell, where: str) -> tuple[str, str] | None:
     return call.args[0].value, ast.unparse(call.args[1])
 
 
+def _nbgrader_rubric(label: str, rubric: str):
+    """The read-only cell that shows ``rubric`` to the grader of ``label``'s answer."""
+    begin, end = MARK_SCHEME
+    cell = require("nbformat").v4.new_markdown_cell(
+        f"{RUBRIC_NOTE.format(label=label)}\n\n{begin}\n{rubric}\n{end}",
+        id=f"{label}-rubric"[:64],
+    )
+    cell.metadata["nbgrader"] = _nbgrader_meta(
+        f"{label}-rubric", solution=False, grade=False, locked=True
+    )
+    return cell
+
+
 def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
     """The nbgrader *source* version of chapter ``nb`` (not modified), for ``nbgrader
     generate_assignment``.
@@ -475,6 +546,13 @@ def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
       markdown cell after it, worth the label's points in the metadata (1 if absent),
       ``grade_id`` = the label; it holds the chapter's model answer, which
       ``generate_assignment`` replaces by "YOUR ANSWER HERE";
+    - after that cell, a written exercise with a rubric (:func:`rubrics`) gets a
+      *read-only* markdown cell, ``grade_id`` = ``<label>-rubric``: ``RUBRIC_NOTE``
+      then the rubric in a mark-scheme region (``MARK_SCHEME``), which
+      ``generate_assignment`` removes from the students' notebooks and ``autograde``
+      restores from the gradebook, so the formgrader shows it beside the answer (the
+      exported configuration lets ClearMarkScheme clear a cell that is not a task cell
+      and keeps the rubric out of the feedback);
     - written ``{solution}`` directives are removed from markdown (nbgrader would
       release them);
     - outputs are cleared.
@@ -484,7 +562,7 @@ def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
     """
     nbformat = require("nbformat")
     source = copy.deepcopy(nb)
-    written = written_exercises(nb)
+    written, rubric_of = written_exercises(nb), rubrics(nb)
     cells, pending = [], None  # pending: the last solution cell, waiting for its check
     for index, cell in enumerate(source.cells):
         where = f"{name}, cell {index}"
@@ -509,6 +587,8 @@ def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
                     label, solution=True, grade=True, locked=False, points=worth
                 )
                 cells.append(answer)
+                if rubric_of[label]:
+                    cells.append(_nbgrader_rubric(label, rubric_of[label]))
             continue
         if cell.cell_type != "code":
             cells.append(cell)
@@ -641,7 +721,9 @@ def otter_master(nb, name: str = "notebook", points: float | None = None):
       ``OTTER_TEST``, and no otter check cell: the chapter's own check cell stays in
       the question, so a student sees its verdict while working, without otter;
     - each written exercise becomes a manually graded question (``manual: true``) whose
-      solution is a markdown cell with the chapter's model answer;
+      solution is a markdown cell with the chapter's model answer, then one with its
+      rubric (:func:`rubrics`), if it has one: ``otter assign`` keeps both in the
+      autograder notebook and drops them from the student's;
     - written ``{solution}`` directives are removed and outputs are cleared.
 
     Raises ``ValueError`` naming ``name`` and the cell for a check cell that is not a
@@ -733,8 +815,15 @@ def _otter_markdown(cell, nb, written, points, opened, cells) -> str | None:
         config = f"name: {label}\npoints: {worth}\ncheck_cell: false"
         cells += [_raw(f"# BEGIN QUESTION\n{config}"), cell]
         return label
-    answer = require("nbformat").v4.new_markdown_cell(
+    nbformat = require("nbformat")
+    answer = nbformat.v4.new_markdown_cell(
         written[label] or "(The book gives no model answer.)", id=f"{label}-answer"[:64]
+    )
+    rubric = rubrics(nb).get(label)
+    marking = (
+        [nbformat.v4.new_markdown_cell(rubric, id=f"{label}-rubric"[:64])]
+        if rubric
+        else []
     )
     worth = _exercise_points(nb, label)
     cells += [
@@ -742,6 +831,7 @@ def _otter_markdown(cell, nb, written, points, opened, cells) -> str | None:
         cell,
         _raw("# BEGIN SOLUTION"),
         answer,
+        *marking,
         _raw("# END SOLUTION"),
         _raw("# END QUESTION"),
     ]
