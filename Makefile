@@ -83,9 +83,9 @@ test: book book-instructor
 
 # Every chapter once more, under nbgrader's autograde, in a fresh environment holding only the
 # `grading` extra: the proof that a grading kernel lacks nothing (about 10 CPU-minutes, so it
-# runs before every release and on demand, not on every push).
+# runs before every release and on demand, not on every push); and every question page in otter.
 test-grading: $(STAMP)
-	$(BIN)/python -m pytest -m every_chapter -s tests/course/test_nbgrader.py
+	$(BIN)/python -m pytest -m every_chapter -s tests/course/test_nbgrader.py tests/course/test_questions.py
 
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest -n $(JOBS) tests -m "not every_chapter and not site" --ignore=tests/book/test_site.py --ignore=tests/book/test_editions.py \

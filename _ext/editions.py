@@ -317,8 +317,9 @@ def build(edition: str, outdir: Path, root: Path = ROOT) -> int:
 
 def student_branch(out: Path, book: Path = ROOT / "book") -> list[Path]:
     """Write the tree of the student branch into ``out`` (emptied first): every chapter
-    at ``book/<chapter>.ipynb``, the path the Colab buttons open, with its solutions
-    stripped (``make_student_bundle``), and the students' README at the top. Returns
+    at ``book/<chapter>.ipynb`` and its question page at ``book/questions/<chapter>.ipynb``,
+    the paths the Colab buttons open, with the solutions stripped
+    (``make_student_bundle``), and the students' README at the top. Returns
     the notebooks, then the README."""
     from attnbook.course.notebooks import make_student_bundle
 
@@ -327,6 +328,10 @@ def student_branch(out: Path, book: Path = ROOT / "book") -> list[Path]:
         shutil.rmtree(out)
     *notebooks, readme = make_student_bundle(book, out / "book")
     readme.replace(out / "README.md")
+    if (book / "questions").is_dir():  # the question pages, at book/questions/<chapter>
+        *pages, other = make_student_bundle(book / "questions", out / "book" / "questions")
+        other.unlink()
+        notebooks += pages
     return [*notebooks, out / "README.md"]
 
 

@@ -72,7 +72,8 @@ def point_links(root: Path = ROOT, version: str | None = None) -> list[Path]:
     init = (root / "attnbook" / "__init__.py").read_text()
     version = version or VERSION_LINE.search(init).group(1)
     changed: list[Path] = []
-    for path in sorted((root / "book").glob("*.ipynb")):
+    book = root / "book"  # the chapters and their question pages
+    for path in sorted(book.glob("*.ipynb")) + sorted(book.glob("questions/*.ipynb")):
         nb = json.loads(path.read_text())
         code = [cell for cell in nb["cells"] if cell["cell_type"] == "code"]
         source = "".join(code[0]["source"])

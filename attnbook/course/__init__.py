@@ -74,6 +74,7 @@ _NAMES = {
             "nbgrader_config",
             "nbgrader_source",
             "otter_master",
+            "rubrics",
             "slowest_cell",
             "strip_solutions",
             "written_exercises",

@@ -1875,11 +1875,11 @@ globals().update(lab.define_kernels({source!r}))
 def _grade_kernels(
     answers, checks, limits, guard, isolation, rows: dict | None = None
 ) -> dict[str, dict]:
-    """Add to ``rows`` (a new dict by default) and return them: the rows of the kernel checks ``checks``, the
-    answer cells' kernels, read by :func:`kernel_source`, defined in a fresh kernel of
-    their own (the worker) and checked there through the book's launchers, each call
-    from this process like any other check's. Raises :class:`KernelGone`, with the
-    rows it has, once the notebook's time is up."""
+    """Add to ``rows`` (a new dict by default) and return them: the rows of the kernel
+    checks ``checks``, the answer cells' kernels, read by :func:`kernel_source`, defined
+    in a fresh kernel of their own (the worker) and checked there through the book's
+    launchers, each call from this process like any other check's. Raises
+    :class:`KernelGone`, with the rows it has, once the notebook's time is up."""
     from .checks import run_check
 
     rows = {} if rows is None else rows

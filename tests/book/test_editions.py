@@ -31,6 +31,8 @@ INSTRUCTOR = ROOT / "_build" / "instructor" / "html"
 EXECUTED = ROOT / "_build" / "jupyter_execute" / "book"  # the student build's runs
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 CHAPTERS = [p.stem for p in NOTEBOOKS]
+# The question pages (tools/questions.py): their answers and explanations are solutions too
+PAGES = [f"questions/{p.stem}" for p in sorted((ROOT / "book").glob("questions/*.ipynb"))]
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 BRANCH = CONFIG["sphinx"]["config"]["attnbook_student_branch"]
 TEXT_FILES = {".html", ".js", ".txt", ".md", ".ipynb", ".json", ".log", ".py", ".rst", ".xml", ".css"}
@@ -170,9 +172,11 @@ def test_every_solution_has_text_to_look_for():
         for where, kept in lines.items():
             if where.endswith("written"):
                 assert kept, f"{chapter}, {where}: a written solution with no line to check"
+    for page in PAGES:  # the explanations of the question pages
+        assert sum(map(len, _solution_lines(page).values())) >= 10, page
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS)
+@pytest.mark.parametrize("chapter", CHAPTERS + PAGES)
 def test_no_solution_text_in_the_student_edition(chapter):
     files = _site_words(STUDENT)
     leaks = [f"{where}: {line!r} in {name}" for where, lines in _solution_lines(chapter).items()
@@ -180,7 +184,7 @@ def test_no_solution_text_in_the_student_edition(chapter):
     assert not leaks, f"{chapter}: solution text in the student edition:\n" + "\n".join(leaks[:20])
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS)
+@pytest.mark.parametrize("chapter", CHAPTERS + PAGES)
 def test_the_instructor_edition_holds_every_solution(chapter):
     page = _site_words(INSTRUCTOR)[f"book/{chapter}.html"]
     missing = [f"{where}: {line!r}" for where, lines in _solution_lines(chapter).items()
@@ -304,7 +308,7 @@ def student_branch(tmp_path_factory):
     return out
 
 
-@pytest.mark.parametrize("chapter", CHAPTERS)
+@pytest.mark.parametrize("chapter", CHAPTERS + PAGES)
 def test_colab_buttons_open_the_student_notebook(student_branch, chapter):
     repo = CONFIG["repository"]["url"].removeprefix("https://github.com/")
     prefix = f"https://colab.research.google.com/github/{repo}/blob/"
@@ -320,7 +324,7 @@ def test_colab_buttons_open_the_student_notebook(student_branch, chapter):
 
 def test_the_student_branch_holds_the_chapters_and_the_students_readme(student_branch):
     assert sorted(p.relative_to(student_branch).as_posix() for p in student_branch.rglob("*") if p.is_file()) \
-        == sorted([*(f"book/{c}.ipynb" for c in CHAPTERS), "README.md"])
+        == sorted([*(f"book/{c}.ipynb" for c in CHAPTERS + PAGES), "README.md"])
     assert "raise NotImplementedError" in (student_branch / "README.md").read_text()
 
 

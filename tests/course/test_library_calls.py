@@ -51,7 +51,9 @@ def _book_answers():
 
 
 ANSWERS = _book_answers()
-LABELS = sorted(exercises.CHECKS)
+from attnbook.course.checks.questions import LABELS as QUESTIONS  # letters and numbers
+
+LABELS = sorted(set(exercises.CHECKS) - QUESTIONS)  # the chapters' exercises
 FORBIDDING = [label for label in LABELS if not exercises.CHECKS[label].library.allows_library]
 
 

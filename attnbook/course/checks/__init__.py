@@ -85,8 +85,10 @@ def register(
     library: Library | None = None,
 ) -> Callable:
     """Register ``fn(student_object)`` as the check for ``label``; it raises
-    ``AssertionError`` on a wrong answer. ``after_pass(student_object)``, if given,
-    returns a report (text, or ``None``) that :func:`check` prints after a pass.
+    ``AssertionError`` on a wrong answer, and what it returns on a right one, when it
+    is text, is the verdict's message instead of "passed".
+    ``after_pass(student_object)``, if given, returns a report (text, or ``None``) that
+    :func:`check` prints after a pass.
 
     ``library`` is required: the policy that says whether the answer may use
     attnbook's own implementation, made by
@@ -142,8 +144,8 @@ def run_check(
         if found:
             return CheckResult(label, False, message(policy, found))
     try:
-        entry.fn(student)
-        return CheckResult(label, True, "passed")
+        said = entry.fn(student)  # a check may say more than "passed" (the bank's why)
+        return CheckResult(label, True, said if isinstance(said, str) else "passed")
     except NotImplementedError:
         return CheckResult(
             label,
@@ -217,6 +219,7 @@ from . import (  # noqa: E402,F401
     kvcache,
     linear,
     positional,
+    questions,
     rnn,
     serving,
     sparse,

@@ -1184,12 +1184,14 @@ def _described(name: str) -> str:
 
 
 def policy_table() -> str:
-    """The Markdown table of every registered exercise's policy, in the order the
-    checks are registered: its label, whether the answer may use the library (and
+    """The Markdown table of every registered exercise's policy (the question bank's
+    answers are letters and numbers, which may use anything), in the order the checks
+    are registered: its label, whether the answer may use the library (and
     why), what the grader detects, and what it does not detect beyond what it misses
     everywhere. The grading page's trust model (``book/grading.md``) holds this table,
     and a test keeps the two equal."""
     from . import CHECKS
+    from .questions import LABELS as QUESTIONS  # a letter or a number: nothing to use
 
     rows = [
         "| exercise | library use | what is detected "
@@ -1198,7 +1200,7 @@ def policy_table() -> str:
     ]
     for label, entry in CHECKS.items():
         policy = entry.library
-        if policy is None:
+        if policy is None or label in QUESTIONS:
             continue
         if policy.allows_library:
             use, detected = f"Allowed. {policy.why}", "nothing to detect"
