@@ -374,7 +374,9 @@ def write_deck(nb, path: Path) -> Path:
     """Write notebook ``nb`` as reveal.js slides to ``path``."""
     from nbconvert import SlidesExporter
 
-    exporter = SlidesExporter(reveal_scroll=True, reveal_number="c/t")
+    # no heading anchors: a heading with math gets a percent-encoded id its link misses
+    exporter = SlidesExporter(reveal_scroll=True, reveal_number="c/t",
+                              exclude_anchor_links=True)
     resources = {"metadata": {"name": path.stem}}
     body, _ = exporter.from_notebook_node(nb, resources=resources)
     path.write_text(body, encoding="utf-8")
@@ -406,6 +408,23 @@ screen, <kbd>Esc</kbd> the overview. <a href="../intro.html">Back to the book</a
     return path
 
 
+def _with_outputs(nb, source: Path):
+    """``nb``, or, when it has no output at all, the chapter ``source`` with the outputs of
+    the book's execution cache: jupyter-book writes a chapter it took from the cache into
+    ``_build/jupyter_execute`` without them."""
+    if any(c.get("outputs") for c in nb.cells if c.cell_type == "code"):
+        return nb
+    from jupyter_cache import get_cache
+
+    cache = ROOT / "_build" / ".jupyter_cache"  # _config.yml's execute.cache
+    try:
+        _, merged = get_cache(cache).merge_match_into_notebook(
+            nbformat.read(source, as_version=4))
+    except KeyError:  # not in the cache either: the deck has no figures to show
+        return nb
+    return merged
+
+
 def build(book_dir: Path = BOOK, executed: Path = EXECUTED,
           out: Path = OUT) -> list[Path]:
     """Write a deck for every chapter, then the index; returns the decks' paths."""
@@ -414,7 +433,8 @@ def build(book_dir: Path = BOOK, executed: Path = EXECUTED,
     if missing:
         raise FileNotFoundError(
             f"{executed} has no executed {', '.join(missing)}: run `make book` first")
-    notebooks = {n: nbformat.read(executed / f"{n}.ipynb", as_version=4) for n in names}
+    notebooks = {n: _with_outputs(nbformat.read(executed / f"{n}.ipynb", as_version=4),
+                                  book_dir / f"{n}.ipynb") for n in names}  # fmt: skip
     targets = labels(book_dir, notebooks)
     out.mkdir(parents=True, exist_ok=True)
     written, index = [], []

@@ -97,7 +97,10 @@ def _solution_lines(chapter: str) -> dict[str, list[str]]:
     at least four words and 20 letters, in no part of the student notebook (the exercise, the
     stub, the prose) and not the package's own source."""
     nb = nbformat.read(ROOT / "book" / f"{chapter}.ipynb", as_version=4)
-    student = _words("\n".join(c.source for c in strip_solutions(nb).cells))
+    public = [nb]
+    if chapter.startswith("questions/"):  # an explanation may quote its chapter's prose
+        public.append(nbformat.read(ROOT / "book" / f"{chapter.split('/')[1]}.ipynb", as_version=4))
+    student = _words("\n".join(c.source for n in public for c in strip_solutions(n).cells))
     lines = {}
     for where, kind, body in _solutions(nb):
         kept = []

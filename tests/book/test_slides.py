@@ -269,14 +269,16 @@ def test_each_deck_has_a_title_figures_equations_and_one_listing(built, chapter)
         assert " ".join(equation.split()) in prose, f"{chapter}: {equation}"
 
     # one listing: what the chapter's first show_source cell printed
-    assert len(re.findall(r'<h3 id="Listing', body)) == 1, f"{chapter}: listings"
+    assert len(re.findall(r'<h3[^>]*>Listing', body)) == 1, f"{chapter}: listings"
     if not (EXECUTED / f"{chapter}.ipynb").exists():
         pytest.fail(f"{EXECUTED} has no {chapter}.ipynb: run `make book`")
     executed = nbformat.read(EXECUTED / f"{chapter}.ipynb", as_version=4)
+    # a chapter the build took from its cache is written there without outputs
+    executed = slides._with_outputs(executed, ROOT / "book" / f"{chapter}.ipynb")
     cell = next(c for c in executed.cells
                 if c.cell_type == "code" and "show_source(" in c.source)
     output = next(o for o in cell.outputs if "text/plain" in o.get("data", {}))
-    listing = next(s for s in shown if 'id="Listing' in s)
+    listing = next(s for s in shown if re.search(r"<h3[^>]*>Listing", s))
     assert words("".join(output["data"]["text/plain"])) in words(_text(listing))
 
 
