@@ -69,6 +69,7 @@ class _Check:
     hint: str
     after_pass: Callable[[object], str | None] | None = None
     library: Library | None = None  # what the answer may use of attnbook
+    question: bool = False  # a question of the bank, not a chapter's exercise
 
 
 CHECKS: dict[str, _Check] = {}
@@ -83,6 +84,7 @@ def register(
     after_pass: Callable[[object], str | None] | None = None,
     *,
     library: Library | None = None,
+    question: bool = False,
 ) -> Callable:
     """Register ``fn(student_object)`` as the check for ``label``; it raises
     ``AssertionError`` on a wrong answer, and what it returns on a right one, when it
@@ -93,7 +95,8 @@ def register(
     ``library`` is required: the policy that says whether the answer may use
     attnbook's own implementation, made by
     :func:`~attnbook.course.checks.library.allowed` or
-    :func:`~attnbook.course.checks.library.forbid`."""
+    :func:`~attnbook.course.checks.library.forbid`. ``question`` marks a question of
+    the bank (:mod:`attnbook.course.checks.questions`)."""
     if after_pass is not None and not callable(after_pass):
         raise TypeError(
             f"register: after_pass must be callable or None, got {after_pass!r:.60}"
@@ -108,7 +111,7 @@ def register(
     def decorator(fn: Callable[[object], None]) -> Callable[[object], None]:
         if label in CHECKS:
             raise ValueError(f"exercise label {label!r} is registered twice")
-        CHECKS[label] = _Check(fn, hint, after_pass, library)
+        CHECKS[label] = _Check(fn, hint, after_pass, library, question)
         return fn
 
     return decorator

@@ -1191,7 +1191,6 @@ def policy_table() -> str:
     everywhere. The grading page's trust model (``book/grading.md``) holds this table,
     and a test keeps the two equal."""
     from . import CHECKS
-    from .questions import LABELS as QUESTIONS  # a letter or a number: nothing to use
 
     rows = [
         "| exercise | library use | what is detected "
@@ -1200,7 +1199,7 @@ def policy_table() -> str:
     ]
     for label, entry in CHECKS.items():
         policy = entry.library
-        if policy is None or label in QUESTIONS:
+        if policy is None or entry.question:  # a letter or a number: nothing to use
             continue
         if policy.allows_library:
             use, detected = f"Allowed. {policy.why}", "nothing to detect"

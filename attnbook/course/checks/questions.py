@@ -118,6 +118,7 @@ def _register_all() -> frozenset[str]:
             label,
             hint=f"reread the section {entry['section']}.",
             library=allowed("the answer is a letter or a number"),
+            question=True,
         )(_make_check(label, entry))
     return frozenset(bank)
 
