@@ -96,7 +96,7 @@ def register(
     attnbook's own implementation, made by
     :func:`~attnbook.course.checks.library.allowed` or
     :func:`~attnbook.course.checks.library.forbid`. ``question`` marks a question of
-    the bank (:mod:`attnbook.course.checks.questions`)."""
+    the bank (``attnbook.course.checks.questions``)."""
     if after_pass is not None and not callable(after_pass):
         raise TypeError(
             f"register: after_pass must be callable or None, got {after_pass!r:.60}"
