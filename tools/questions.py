@@ -28,11 +28,12 @@ from pathlib import Path
 
 import nbformat
 
+from attnbook.course.checks.questions import LETTERS, canonical, digest, seal
+
 ROOT = Path(__file__).resolve().parents[1]
 BANK = ROOT / "questions"
 PAGES = ROOT / "book" / "questions"
 DATA = ROOT / "attnbook" / "course" / "checks" / "questions.json"
-LETTERS = "ABCDEFGH"
 KINDS = ("choice", "number")
 REQUIRED = {
     "choice": {"objective", "section", "kind", "prompt", "options", "answer",
@@ -117,12 +118,11 @@ def label(chapter: str, n: int) -> str:
     return f"{chapter}-q{n}"
 
 
-def _title(chapter: str, book: Path) -> str:
-    nb = nbformat.read(book / f"{chapter}.ipynb", as_version=4)
-    for line in nb.cells[0].source.splitlines():
+def _title(chapter_nb) -> str:
+    for line in chapter_nb.cells[0].source.splitlines():
         if line.startswith("# "):
             return line[2:].strip()
-    raise ValueError(f"{chapter}: its first cell has no '# ' title")
+    raise ValueError("the chapter's first cell has no '# ' title")
 
 
 def _what(q: dict) -> str:
@@ -144,7 +144,7 @@ def page(bank: dict, book: Path = ROOT / "book"):
     """The question page of ``bank`` as a notebook."""
     chapter, questions = bank["chapter"], bank["question"]
     chapter_nb = nbformat.read(book / f"{chapter}.ipynb", as_version=4)
-    title = _title(chapter, book)
+    title = _title(chapter_nb)
     md, code = nbformat.v4.new_markdown_cell, nbformat.v4.new_code_cell
     tested = []
     for n, objective in enumerate(bank["objectives"], 1):
@@ -214,8 +214,6 @@ def page(bank: dict, book: Path = ROOT / "book"):
 
 def data(banks: list[dict]) -> dict:
     """What the checks need: per question its kind, digest and sealed explanation."""
-    from attnbook.course.checks.questions import canonical, digest, seal
-
     out = {}
     for bank in banks:
         chapter = bank["chapter"]
