@@ -20,6 +20,7 @@ __all__ = [
     "gpu_report",
     "single_thread",
     "show_source",
+    "glue",
     "largest_new_tensor",
     "check_positive",
 ]
@@ -200,6 +201,25 @@ def show_source(
         pass
     print(source)
     return source
+
+
+def glue(name: str, value, *, display: bool = False):
+    """Record ``value`` under ``name`` for the chapter's prose, and return it.
+
+    The website's prose quotes a number a cell computed as ``{glue:text}`name:.1f```
+    (myst-nb's glue), so the text and the output beside it come from the same run and
+    cannot disagree. Where myst-nb is not installed (Colab, a plain Jupyter) nothing is
+    recorded: the cell's printed output carries the number there.
+    """
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"glue: name must be an identifier, got {name!r}")
+    check_flag("glue", "display", display)
+    try:
+        from myst_nb import glue as record
+    except ImportError:  # pragma: no cover - myst-nb comes with the book extras
+        return value
+    record(name, value, display=display)
+    return value
 
 
 _DEF = ("def ", "class ", "async def ")

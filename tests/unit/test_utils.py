@@ -118,3 +118,22 @@ def test_check_positive_names_the_argument_and_refuses_bools_floats_and_zero():
             utils.check_positive(seq_len=3, block=bad)
         with pytest.raises(ValueError, match=rf"^Cache: block must be a positive integer, got {bad!r}$"):
             utils.check_positive("Cache", seq_len=3, block=bad)
+
+
+def test_glue_records_the_value_for_the_prose_under_its_name(monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display",
+                        lambda bundle, raw=False, metadata=None: shown.append((bundle, metadata)))
+    assert utils.glue("decode_ops", 138) == 138
+    (bundle, metadata), = shown
+    assert any(key.startswith("application/papermill.record/") for key in bundle)
+    assert "138" in "".join(str(v) for v in bundle.values())
+    assert metadata["scrapbook"]["name"] == "decode_ops"
+
+
+@pytest.mark.parametrize("name", ["two words", "", 3, "1st"])
+def test_glue_refuses_a_name_the_prose_could_not_refer_to(name):
+    with pytest.raises(ValueError, match="glue: name"):
+        utils.glue(name, 1.0)
