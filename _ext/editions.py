@@ -46,6 +46,7 @@ BANNER = (
     "instructors; the public site is the student edition."
 )
 BEGIN = "### BEGIN SOLUTION"
+HIDDEN = "hidden-tests"  # a check cell only the graders run (attnbook.course.notebooks)
 # The opening line of a written solution: ```{solution} label  or  :::{solution} label
 SOLUTION_OPEN = re.compile(r"^\s*(`{3,}|:{3,})\s*\{solution\}", re.MULTILINE)
 
@@ -65,13 +66,16 @@ def _marked(source: str) -> bool:
 
 def has_solutions(nb) -> bool:
     """Whether notebook ``nb`` still holds a solution: a code cell with a ``### BEGIN
-    SOLUTION`` line, a cell tagged ``solution`` that is not a stub, or a markdown cell
-    with a ``{solution}`` directive."""
+    SOLUTION`` line, a cell tagged ``solution`` that is not a stub, a hidden test, or a
+    markdown cell with a ``{solution}`` directive."""
     from attnbook.course.notebooks import STUB
 
     for cell in nb.cells:
         if cell.cell_type == "code":
-            tagged = "solution" in cell.get("metadata", {}).get("tags", [])
+            tags = cell.get("metadata", {}).get("tags", [])
+            tagged = "solution" in tags
+            if HIDDEN in tags:
+                return True
             if _marked(cell.source) or (tagged and STUB not in cell.source):
                 return True
         elif cell.cell_type == "markdown" and SOLUTION_OPEN.search(cell.source):
@@ -164,8 +168,9 @@ def _check_outdir(app) -> None:
 
 
 def _drop_solutions(app, doctree, docname: str) -> None:
-    """Student edition: stub the solution cells and drop the written solutions of the
-    resolved doctree that Sphinx writes the page and the search index from."""
+    """Student edition: stub the solution cells and drop the written solutions and the
+    hidden tests of the resolved doctree that Sphinx writes the page and the search
+    index from."""
     from docutils import nodes
     from sphinx.util import logging
     from sphinx_exercise.nodes import solution_node
@@ -190,6 +195,9 @@ def _drop_solutions(app, doctree, docname: str) -> None:
         )
         metadata = cell.get("cell_metadata") or {}
         tags = list(metadata.get("tags", [])) if isinstance(metadata, dict) else []
+        if HIDDEN in tags or f"tag_{HIDDEN}" in cell["classes"]:
+            cell.parent.remove(cell)  # a hidden test: not even its label is shown
+            continue
         text = literal.astext() if literal is not None else ""
         marked = any(line.strip() == BEGIN for line in text.split("\n"))
         if not (marked or "solution" in tags or "tag_solution" in cell["classes"]):
@@ -317,10 +325,10 @@ def build(edition: str, outdir: Path, root: Path = ROOT) -> int:
 
 def student_branch(out: Path, book: Path = ROOT / "book") -> list[Path]:
     """Write the tree of the student branch into ``out`` (emptied first): every chapter
-    at ``book/<chapter>.ipynb`` and its question page at ``book/questions/<chapter>.ipynb``,
-    the paths the Colab buttons open, with the solutions stripped
-    (``make_student_bundle``), and the students' README at the top. Returns
-    the notebooks, then the README."""
+    at ``book/<chapter>.ipynb``, its question page at ``book/questions/<chapter>.ipynb``
+    and the projects at ``book/projects/<project>.ipynb``, the paths the Colab buttons
+    open, with the solutions and hidden tests stripped (``make_student_bundle``), and
+    the students' README at the top. Returns the notebooks, then the README."""
     from attnbook.course.notebooks import make_student_bundle
 
     out = Path(out)
@@ -328,10 +336,11 @@ def student_branch(out: Path, book: Path = ROOT / "book") -> list[Path]:
         shutil.rmtree(out)
     *notebooks, readme = make_student_bundle(book, out / "book")
     readme.replace(out / "README.md")
-    if (book / "questions").is_dir():  # the question pages, at book/questions/<chapter>
-        *pages, other = make_student_bundle(book / "questions", out / "book" / "questions")
-        other.unlink()
-        notebooks += pages
+    for part in ("questions", "projects"):  # at book/questions/<chapter>, ...
+        if (book / part).is_dir():
+            *pages, other = make_student_bundle(book / part, out / "book" / part)
+            other.unlink()
+            notebooks += pages
     return [*notebooks, out / "README.md"]
 
 

@@ -72,8 +72,9 @@ def point_links(root: Path = ROOT, version: str | None = None) -> list[Path]:
     init = (root / "attnbook" / "__init__.py").read_text()
     version = version or VERSION_LINE.search(init).group(1)
     changed: list[Path] = []
-    book = root / "book"  # the chapters and their question pages
-    for path in sorted(book.glob("*.ipynb")) + sorted(book.glob("questions/*.ipynb")):
+    book = root / "book"  # the chapters, their question pages and the projects
+    pages = sorted(book.glob("questions/*.ipynb")) + sorted(book.glob("projects/*.ipynb"))
+    for path in sorted(book.glob("*.ipynb")) + pages:
         nb = json.loads(path.read_text())
         code = [cell for cell in nb["cells"] if cell["cell_type"] == "code"]
         source = "".join(code[0]["source"])

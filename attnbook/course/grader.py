@@ -8,7 +8,8 @@ chapter in four steps:
    *answer cells* (the cells tagged ``solution``) come from the submission, matched by
    cell id, then by their first line. Check cells, setup cells and imports are the
    book's, whatever the submission did to them; edited, deleted, moved or extra cells
-   are reported and ignored.
+   are reported and ignored. The book's hidden tests (cells tagged ``hidden-tests``,
+   which no student notebook has) are check cells like the others here.
 2. **Run.** A fresh kernel runs it under
    :class:`~attnbook.course.sandbox.Limits` (time per cell and per notebook, CPU
    time, memory, processes, disk, output), in an empty folder, with a clean
@@ -130,7 +131,7 @@ class Chapter:
 
     @classmethod
     def from_notebook(cls, nb, name: str) -> Chapter:
-        template = strip_solutions(nb, name=name)
+        template = strip_solutions(nb, name=name, keep_hidden=True)  # hidden tests run
         steps, pending = [], []
         for cell in template.cells:
             if cell.cell_type != "code":

@@ -18,7 +18,9 @@ from . import sandbox
 
 __all__ = [
     "CHECK_CALL",
+    "HIDDEN",
     "require",
+    "hidden_checks",
     "strip_solutions",
     "make_student_bundle",
     "expected_labels",
@@ -51,6 +53,12 @@ def require(module: str):
 
 BEGIN = "### BEGIN SOLUTION"
 END = "### END SOLUTION"
+#: The tag of a *hidden test*: a check cell the graders run and the students never see
+#: (the student notebooks, the student edition and nbgrader's and otter's student
+#: notebooks leave it out). It follows the check cell of the same exercise, and its
+#: label is that check's label with ``-hidden`` added.
+HIDDEN = "hidden-tests"
+HIDDEN_BEGIN, HIDDEN_END = "### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"
 STUB = 'raise NotImplementedError("Exercise: write your solution here")'
 # The opening line of a written solution: ```{solution} label  or  :::{solution} label
 _SOLUTION_OPEN = re.compile(r"^\s*(?P<fence>`{3,}|:{3,})\s*\{solution\}")
@@ -165,7 +173,44 @@ def _strip_written_solutions(source: str) -> str:
     return re.sub(r"\n{3,}", "\n\n", "\n".join(out)).strip("\n")
 
 
-def strip_solutions(nb, name: str = "notebook"):
+def _is_hidden(cell) -> bool:
+    tags = cell.get("metadata", {}).get("tags", [])
+    return cell.cell_type == "code" and HIDDEN in tags
+
+
+def hidden_checks(nb, name: str = "notebook") -> dict[str, tuple[str, str]]:
+    """``{public label: (hidden label, answer expression)}`` for the hidden tests of
+    ``nb`` (cells tagged :data:`HIDDEN`).
+
+    Raises ``ValueError`` naming ``name`` and the cell for a hidden test that is not one
+    ``check("<label>-hidden", answer)`` call right after the code cell that checks
+    ``<label>`` (so each stays beside its exercise in every export).
+    """
+    found, previous = {}, None  # previous: the label the last code cell checks
+    for index, cell in enumerate(nb.cells):
+        if cell.cell_type != "code":
+            continue
+        checked = CHECK_CALL.search(cell.source)
+        if _is_hidden(cell):
+            where = f"{name}, cell {index}"
+            call = _one_check_call(cell, where) if checked else None
+            if call is None or not call[0].endswith("-hidden"):
+                raise ValueError(
+                    f"{where}: a cell tagged {HIDDEN!r} must be one "
+                    "check('<label>-hidden', answer) call"
+                )
+            public = call[0].removesuffix("-hidden")
+            if previous != public or public in found:
+                raise ValueError(
+                    f"{where}: hidden test {call[0]!r} must follow the check cell of "
+                    f"{public!r}"
+                )
+            found[public] = call
+        previous = checked[2] if checked else None
+    return found
+
+
+def strip_solutions(nb, name: str = "notebook", *, keep_hidden: bool = False):
     """The student version of notebook ``nb`` (an nbformat v4 notebook; ``nb`` is not
     modified).
 
@@ -176,18 +221,27 @@ def strip_solutions(nb, name: str = "notebook"):
       stub;
     - markdown cells lose their ``{solution}`` directives (a cell left empty is
       dropped);
+    - hidden tests (cells tagged :data:`HIDDEN`) are left out, with their points in
+      the metadata, unless ``keep_hidden`` (the grader keeps them: it runs the book's
+      cells with the student's answers);
     - everything else, the exercise text and the ``check(...)`` cells included, is kept.
 
     Raises ``ValueError`` naming ``name`` and the cell for an unbalanced marker, or for
     a cell tagged ``solution`` without markers (the student would see the answer).
     """
+    hidden = hidden_checks(nb, name)  # a malformed one raises before anything is made
     student = copy.deepcopy(nb)
+    points = student.metadata.get("attnbook", {}).get("points", {})
+    for secret, _ in [] if keep_hidden else hidden.values():
+        points.pop(secret, None)  # not even the hidden tests' names
     cells = []
     for index, cell in enumerate(student.cells):
         where = f"{name}, cell {index}" + (
             f" (id {cell['id']})" if cell.get("id") else ""
         )
         tags = cell.get("metadata", {}).get("tags", [])
+        if _is_hidden(cell) and not keep_hidden:
+            continue
         if cell.cell_type == "code":
             cell.source, stubbed = _strip_code(cell.source, where)
             if "solution" in tags:
@@ -553,14 +607,19 @@ def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
       restores from the gradebook, so the formgrader shows it beside the answer (the
       exported configuration lets ClearMarkScheme clear a cell that is not a task cell
       and keeps the rubric out of the feedback);
+    - a hidden test (a cell tagged :data:`HIDDEN`) becomes an autograder tests cell of
+      its own label whose whole source is in nbgrader's hidden-tests region:
+      ``generate_assignment`` empties it in the students' notebooks, ``autograde`` runs
+      it from the gradebook;
     - written ``{solution}`` directives are removed from markdown (nbgrader would
       release them);
     - outputs are cleared.
 
     Raises ``ValueError`` naming ``name`` and the cell for a check cell that is not a
-    single ``check(...)`` call or for unbalanced markers.
+    single ``check(...)`` call, for a misplaced hidden test or for unbalanced markers.
     """
     nbformat = require("nbformat")
+    hidden_checks(nb, name)
     source = copy.deepcopy(nb)
     written, rubric_of = written_exercises(nb), rubrics(nb)
     cells, pending = [], None  # pending: the last solution cell, waiting for its check
@@ -610,6 +669,8 @@ def nbgrader_source(nb, name: str = "notebook", points: float | None = None):
         elif check is not None:
             label = check[0]
             cell.source = NBGRADER_TEST.format(call=cell.source.strip())
+            if HIDDEN in tags:
+                cell.source = f"{HIDDEN_BEGIN}\n{cell.source}\n{HIDDEN_END}"
             cell.metadata["nbgrader"] = _nbgrader_meta(
                 label,
                 solution=False,
@@ -720,6 +781,9 @@ def otter_master(nb, name: str = "notebook", points: float | None = None):
       replaces the block between the markers by ``...``), its one public test
       ``OTTER_TEST``, and no otter check cell: the chapter's own check cell stays in
       the question, so a student sees its verdict while working, without otter;
+    - a hidden test (a cell tagged :data:`HIDDEN`) becomes a second test of its
+      exercise's question, marked ``# HIDDEN`` (in the autograder, not in the student's
+      notebook); the question's ``points`` list gives each test its label's points;
     - each written exercise becomes a manually graded question (``manual: true``) whose
       solution is a markdown cell with the chapter's model answer, then one with its
       rubric (:func:`rubrics`), if it has one: ``otter assign`` keeps both in the
@@ -731,6 +795,7 @@ def otter_master(nb, name: str = "notebook", points: float | None = None):
     holds two exercises.
     """
     nbformat = require("nbformat")
+    hidden = hidden_checks(nb, name)
     source = copy.deepcopy(nb)
     written = written_exercises(nb)
     cells = [_raw(OTTER_CONFIG.format(name=Path(name).stem))]
@@ -740,6 +805,8 @@ def otter_master(nb, name: str = "notebook", points: float | None = None):
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
             cell.metadata.pop("execution", None)
+            if _is_hidden(cell):  # a test of the question its public check closed
+                continue
             check = _one_check_call(cell, where)
             if "solution" in cell.metadata.get("tags", []):
                 marked = cell.source.replace(BEGIN, "# BEGIN SOLUTION")
@@ -757,12 +824,24 @@ def otter_master(nb, name: str = "notebook", points: float | None = None):
                     raise ValueError(
                         f"{where}: check {label!r} has no exercise before it"
                     )
-                cells += [
-                    _raw("# BEGIN TESTS"),
+                tests = [
                     nbformat.v4.new_code_cell(
                         OTTER_TEST.format(label=label, answer=answer),
                         id=f"{label}-test"[:64],
-                    ),
+                    )
+                ]
+                if label in hidden:
+                    secret, answer = hidden[label]
+                    tests.append(
+                        nbformat.v4.new_code_cell(
+                            "# HIDDEN\n"
+                            + OTTER_TEST.format(label=secret, answer=answer),
+                            id=f"{secret}-test"[:64],
+                        )
+                    )
+                cells += [
+                    _raw("# BEGIN TESTS"),
+                    *tests,
                     _raw("# END TESTS"),
                     _raw("# END QUESTION"),
                 ]
@@ -777,7 +856,7 @@ def otter_master(nb, name: str = "notebook", points: float | None = None):
                 id=cell.id if part == 0 else f"{cell.id}-{part}"[:64],
                 metadata=copy.deepcopy(cell.metadata),
             )
-            opened = _otter_markdown(piece, nb, written, points, opened, cells)
+            opened = _otter_markdown(piece, nb, written, points, opened, cells, hidden)
     if opened is not None:
         raise ValueError(f"{name}: exercise {opened!r} has no check cell after it")
     for position, cell in enumerate(cells):
@@ -797,7 +876,7 @@ def _split_exercises(source: str) -> list[str]:
     return ["\n".join(piece).strip("\n") for piece in pieces]
 
 
-def _otter_markdown(cell, nb, written, points, opened, cells) -> str | None:
+def _otter_markdown(cell, nb, written, points, opened, cells, hidden) -> str | None:
     """Append markdown ``cell`` (at most one exercise) to ``cells``, inside the raw
     cells of its question; returns the label of the question left open for its test."""
     labels = [lab for _, lab, _ in _directives(cell.source, _EXERCISE_OPEN)]
@@ -812,6 +891,8 @@ def _otter_markdown(cell, nb, written, points, opened, cells) -> str | None:
         raise ValueError(f"exercise {opened!r} has no check cell before {label!r}")
     if label not in written:
         worth = _exercise_points(nb, label, points)
+        if label in hidden:  # one number per test: the public one, then the hidden one
+            worth = [worth, _exercise_points(nb, hidden[label][0], points)]
         config = f"name: {label}\npoints: {worth}\ncheck_cell: false"
         cells += [_raw(f"# BEGIN QUESTION\n{config}"), cell]
         return label

@@ -33,6 +33,8 @@ NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 CHAPTERS = [p.stem for p in NOTEBOOKS]
 # The question pages (tools/questions.py): their answers and explanations are solutions too
 PAGES = [f"questions/{p.stem}" for p in sorted((ROOT / "book").glob("questions/*.ipynb"))]
+# The projects: their solutions and hidden tests are the instructor's
+PAGES += [f"projects/{p.stem}" for p in sorted((ROOT / "book").glob("projects/*.ipynb"))]
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 BRANCH = CONFIG["sphinx"]["config"]["attnbook_student_branch"]
 TEXT_FILES = {".html", ".js", ".txt", ".md", ".ipynb", ".json", ".log", ".py", ".rst", ".xml", ".css"}

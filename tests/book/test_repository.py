@@ -21,6 +21,7 @@ except ModuleNotFoundError:  # Python 3.10
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
 PAGES = sorted((ROOT / "book").glob("questions/*.ipynb"))  # the question pages (tools/questions.py)
+PROJECTS = sorted((ROOT / "book").glob("projects/*.ipynb"))
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 
@@ -209,10 +210,11 @@ def test_release_script_pins_every_install_cell_and_the_version(tmp_path):
     changelog = root / "CHANGELOG.md"
     changelog.write_text(changelog.read_text().replace("## [Unreleased]", "## [Unreleased]\n\n## [9.8.7] - 2030-01-01"))
     changed = release.release("9.8.7", root)
-    assert len(changed) == len(NOTEBOOKS) + len(PAGES) + 1
+    assert len(changed) == len(NOTEBOOKS) + len(PAGES) + len(PROJECTS) + 1
     assert '__version__ = "9.8.7"' in (root / "attnbook" / "__init__.py").read_text()
     book = root / "book"
-    for path in sorted(book.glob("*.ipynb")) + sorted(book.glob("questions/*.ipynb")):
+    for path in [*sorted(book.glob("*.ipynb")), *sorted(book.glob("questions/*.ipynb")),
+                 *sorted(book.glob("projects/*.ipynb"))]:
         nb = json.loads(path.read_text())
         first = "".join(next(c for c in nb["cells"] if c["cell_type"] == "code")["source"])
         assert '@v9.8.7"' in first and "@v" + attnbook.__version__ + '"' not in first, path.name
@@ -236,7 +238,7 @@ def test_every_link_follows_the_one_repository_setting(tmp_path):
     config.write_text(config.read_text().replace(CONFIG["repository"]["url"], "https://github.com/someone/fork"))
     changed = {p.relative_to(root).as_posix() for p in release.point_links(root)}
     assert changed == {f"book/{p.name}" for p in NOTEBOOKS} | {f"book/questions/{p.name}" for p in PAGES} | {
-        "intro.md", "pyproject.toml", "book/course.md", "README.md"}
+        f"book/projects/{p.name}" for p in PROJECTS} | {"intro.md", "pyproject.toml", "book/course.md", "README.md"}
     everything = "".join((root / name).read_text() for name in changed)
     assert CONFIG["repository"]["url"] not in everything
     assert everything.count("someone/fork") >= len(NOTEBOOKS) + 3

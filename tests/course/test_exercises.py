@@ -104,14 +104,16 @@ def _check_calls(source: str):
 
 
 def book_exercises():
-    """For every check call in book/*.ipynb and book/questions/*.ipynb: label -> (notebook name, imports, solution source, object expr).
+    """For every check call in book/*.ipynb, book/questions/*.ipynb and book/projects/*.ipynb: label -> (notebook
+    name, imports, solution source, object expr).
 
     ``imports`` is the source of every import statement in the cells before the solution cell; the
     solution cell is the nearest code cell before the check that has a ``### BEGIN SOLUTION`` marker.
     """
     found = {}
-    # the chapters, then their question pages (tools/questions.py)
-    for path in sorted(BOOK.glob("*.ipynb")) + sorted(BOOK.glob("questions/*.ipynb")):
+    # the chapters, their question pages (tools/questions.py), the projects
+    pages = sorted(BOOK.glob("questions/*.ipynb")) + sorted(BOOK.glob("projects/*.ipynb"))
+    for path in sorted(BOOK.glob("*.ipynb")) + pages:
         nb = nbformat.read(path, as_version=4)
         imports, solution = [], None
         for cell in nb.cells:
@@ -151,7 +153,8 @@ def test_every_check_label_is_an_exercise_label_in_its_chapter():
     for label, (name, *_) in book_exercises().items():
         markdown = "\n".join(c.source for c in nbformat.read(BOOK / name, as_version=4).cells
                              if c.cell_type == "markdown")
-        assert f":label: {label}\n" in markdown + "\n", f"{name} checks {label!r} but has no exercise with that label"
+        exercise = label.removesuffix("-hidden")  # a project's hidden tests: its milestone's
+        assert f":label: {exercise}\n" in markdown + "\n", f"{name} checks {label!r} but has no exercise with that label"
 
 
 def test_every_solution_passes_and_every_stub_fails():

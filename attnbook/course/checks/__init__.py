@@ -222,6 +222,7 @@ from . import (  # noqa: E402,F401
     kvcache,
     linear,
     positional,
+    project_serve,
     questions,
     rnn,
     serving,
