@@ -60,6 +60,7 @@ _NAMES = {
         for name in (
             "BEGIN",
             "END",
+            "HIDDEN",
             "MIN_CELL_TIMEOUT",
             "OTTER_TEST",
             "SLOWEST_CELL",
@@ -68,6 +69,7 @@ _NAMES = {
             "WRITTEN_PROMPT",
             "cell_timeout",
             "expected_labels",
+            "hidden_checks",
             "make_nbgrader_source",
             "make_otter_masters",
             "make_student_bundle",

@@ -23,7 +23,7 @@ import pytest
 import yaml
 from scripts import load_script
 
-from attnbook.course.notebooks import STUB, strip_solutions
+from attnbook.course.notebooks import STUB, hidden_checks, strip_solutions
 
 ROOT = Path(__file__).resolve().parents[2]
 STUDENT = ROOT / "_build" / "html"
@@ -195,6 +195,21 @@ def test_the_instructor_edition_holds_every_solution(chapter):
     missing = [f"{where}: {line!r}" for where, lines in _solution_lines(chapter).items()
                for line in lines if line not in page]
     assert not missing, f"{chapter}: solution text missing from the instructor page:\n" + "\n".join(missing)
+
+
+def test_the_hidden_tests_are_in_the_instructor_edition_only():
+    """A project's hidden tests (cells tagged ``hidden-tests``): not even their labels reach the
+    student edition; the instructor edition shows each after its milestone's public check."""
+    projects = [page for page in PAGES if page.startswith("projects/")]
+    assert len(projects) >= 3
+    for page in projects:
+        nb = nbformat.read(ROOT / "book" / f"{page}.ipynb", as_version=4)
+        secrets = [_words(label) for label, _ in hidden_checks(nb, page).values()]
+        assert secrets, f"{page} has no hidden test"
+        for secret in secrets:
+            leaks = [name for name, words in _site_words(STUDENT).items() if secret in words]
+            assert not leaks, f"{page}: hidden test {secret!r} in the student edition: {leaks}"
+            assert secret in _site_words(INSTRUCTOR)[f"book/{page}.html"], (page, secret)
 
 
 def _cells(page: str) -> list[str]:
