@@ -125,6 +125,12 @@ def _title(chapter_nb) -> str:
     raise ValueError("the chapter's first cell has no '# ' title")
 
 
+def _install(chapter_nb) -> str:
+    """The chapter's install cell: its first code cell (the objectives and "What runs
+    where" boxes come before it)."""
+    return next(c.source for c in chapter_nb.cells if c.cell_type == "code")
+
+
 def _what(q: dict) -> str:
     if q["kind"] == "choice":
         letters = LETTERS[: len(q["options"])]
@@ -164,7 +170,7 @@ def page(bank: dict, book: Path = ROOT / "book"):
             "After this chapter you can:\n\n" + "\n".join(tested),
             id="questions-intro",
         ),
-        code(chapter_nb.cells[1].source, id="install"),  # the chapter's install cell
+        code(_install(chapter_nb), id="install"),  # the chapter's install cell
         code("import attnbook.exercises  # the checks", id="imports"),
     ]
     for n, q in enumerate(questions, 1):

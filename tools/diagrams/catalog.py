@@ -26,8 +26,8 @@ COLUMN = 720  # the page column, in pixels
 # The chapters in the order of _toc.yml: the manifest lists the diagrams in this order
 # (and, within a chapter, in the order they are registered).
 CHAPTERS = [
-    "attention", "transformer", "complexity", "positional", "sparse", "linear",
-    "kv_cache", "serving", "flash", "kernel_lab", "distributed", "rnn_attention",
+    "attention", "rnn_attention", "transformer", "positional", "complexity", "flash",
+    "kernel_lab", "sparse", "linear", "kv_cache", "serving", "distributed",
     "vision_attention", "graph_attention", "connections",
 ]
 
