@@ -50,14 +50,16 @@
     return node;
   }
 
-  /* An SVG canvas that scales to the column: viewBox width x height, never wider. */
-  function canvas(width, height, label) {
+  /* An SVG canvas that scales to the column: viewBox width x height, never wider than
+   * the column and never larger than `scale` (default 1) times its own size. */
+  function canvas(width, height, label, scale) {
     return svg("svg", {
       viewBox: "0 0 " + width + " " + height,
       class: "attn-svg",
       role: "img",
       "aria-label": label,
-      preserveAspectRatio: "xMidYMin meet",
+      preserveAspectRatio: "xMinYMin meet",
+      style: "max-width: " + Math.round(width * (scale || 1)) + "px",
     });
   }
 

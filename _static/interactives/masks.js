@@ -106,7 +106,7 @@
       var m = maskMatrix(pattern, L, S, w, g);
       var cell = 30, left = 92, top = 44;
       var c = H.canvas(left + S * cell + 12, top + L * cell + 10,
-        "Mask grid: " + L + " query rows by " + S + " key columns");
+        "Mask grid: " + L + " query rows by " + S + " key columns", 1.3);
       c.appendChild(H.svg("text", { x: left + (S * cell) / 2, y: 14, "text-anchor": "middle",
         class: "attn-label", text: "keys j = 0 … " + (S - 1) }));
       for (var j = 0; j < S; j++) {

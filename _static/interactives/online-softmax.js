@@ -148,7 +148,7 @@
             c.appendChild(H.svg("rect", { x: gx + 1, y: 132 + k * 34, width: cell - 2, height: 30,
               class: "attn-prob", "fill-opacity": Math.min(1, 0.12 + p * 2.5) }));
             c.appendChild(H.svg("text", { x: gx + cell / 2, y: 153 + k * 34, "text-anchor": "middle",
-              class: "attn-num", text: H.fmt(p, 3) }));
+              class: "attn-num " + (k ? "attn-full" : "attn-online"), text: H.fmt(p, 3) }));
           });
         }
       }

@@ -172,7 +172,7 @@
           var waste = owner[b] !== undefined && !used;
           c.appendChild(H.svg("rect", { x: x0 + s * slot + 0.5, y: y0 + 18, width: slot - 1,
             height: 26, class: "attn-slot" + (waste ? " attn-waste" : "") + (used ? " attn-used" : ""),
-            fill: used ? colour(owner[b]) : null, stroke: waste ? colour(owner[b]) : null }));
+            style: used ? "fill: " + colour(owner[b]) : waste ? "stroke: " + colour(owner[b]) : null }));
         }
       }
       var tables = H.el("ul", { class: "attn-list" }, st.order.map(function (id) {

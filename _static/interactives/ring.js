@@ -91,7 +91,7 @@
         rankChunks(r, W, layout).forEach(function (ch) { owner[ch] = r; });
       }
       var size = 320, cell = size / nChunks, left = 70, top = 40;
-      var ringW = 210, total = left + size + 20 + ringW;
+      var ringW = 240, total = left + size + 20 + ringW;
       var c = H.canvas(total, top + size + 16,
         "Score matrix in chunks: query chunks down, key chunks across");
       c.appendChild(H.svg("text", { x: left + size / 2, y: 14, "text-anchor": "middle",
@@ -125,8 +125,10 @@
               H.svg("rect", { x: x0 + 1, y: y0 + 1, width: cell - 2, height: cell - 2,
                 class: cls, fill: colour });
             c.appendChild(shape);
-            c.appendChild(H.svg("text", { x: x0 + cell / 2, y: y0 + cell / 2 + 4,
-              "text-anchor": "middle", class: "attn-num attn-on-colour", text: String(t) }));
+            var diag = p.kind === "diagonal";
+            c.appendChild(H.svg("text", { x: x0 + (diag ? cell / 3 : cell / 2),
+              y: y0 + (diag ? (2 * cell) / 3 : cell / 2) + 4, "text-anchor": "middle",
+              class: "attn-num" + (t === step - 1 ? " attn-on-colour" : ""), text: String(t) }));
           });
         });
       }
@@ -137,12 +139,12 @@
           x2: left + ch * cell, class: "attn-grid" }));
       }
       // the ring: rank r's box with the shard it holds at this step
-      var cx = left + size + 20 + ringW / 2, cy = top + size / 2, rad = Math.min(110, size / 2);
+      var cx = left + size + 20 + ringW / 2, cy = top + size / 2, rad = 80;
       var shown = Math.max(0, step - 1);
       for (r = 0; r < W; r++) {
         var a = -Math.PI / 2 + (2 * Math.PI * r) / W;
-        var bx = cx + (rad - 26) * Math.cos(a), by = cy + (rad - 26) * Math.sin(a);
-        c.appendChild(H.svg("circle", { cx: bx, cy: by, r: 24, fill: H.PALETTE[r % 8],
+        var bx = cx + rad * Math.cos(a), by = cy + rad * Math.sin(a);
+        c.appendChild(H.svg("circle", { cx: bx, cy: by, r: 30, fill: H.PALETTE[r % 8],
           class: "attn-rank" }));
         c.appendChild(H.svg("text", { x: bx, y: by - 3, "text-anchor": "middle",
           class: "attn-num attn-on-colour", text: "rank " + r }));
@@ -152,7 +154,8 @@
       ui.view.textContent = "";
       ui.view.appendChild(c);
       var work = pairsPerRank(16 * nChunks, W, layout, causal);
-      ui.view.appendChild(H.el("p", { class: "attn-note", text: "Each block is coloured by " +
+      ui.view.appendChild(H.el("p", { class: "attn-note", text: "Rows are query chunks, " +
+        "labelled with the rank that holds them. Each block is coloured by " +
         "the rank that computes it and numbered by its step; a triangle is a diagonal block " +
         "(masked inside), a hatched box a block the causal mask skips. Work per rank over " +
         "the ring for " + 16 * nChunks + " positions: " + work.join(", ") + " (query, key) pairs." }));
@@ -169,7 +172,8 @@
           });
           return "rank " + rank + " holds KV " + entry.src + ": " + kinds.join(", ");
         });
-        text = "Step " + (step - 1) + " of " + (W - 1) + ": " + parts.join("; ") + ".";
+        text = "Step t = " + (step - 1) + " (the steps run t = 0 to " + (W - 1) + "): " +
+          parts.join("; ") + ".";
         if (step === W) {
           text += " Done: all " + nChunks * nChunks + " blocks visited, " + computed +
             " computed and " + skipped + " skipped.";

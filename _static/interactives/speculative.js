@@ -107,20 +107,25 @@
     }
 
     function bars(title, series, highlight) {
-      var V = VOCAB.length, bw = 64, h = 90, top = 22;
-      var c = H.canvas(V * bw + 10, top + h + 34, title);
+      var V = VOCAB.length, bw = 80, h = 100, top = 24;
+      var c = H.canvas(V * bw + 10, top + h + 50, title);
       c.appendChild(H.svg("text", { x: 4, y: 14, class: "attn-label", text: title }));
+      var most = Math.max.apply(null, series.map(function (s) {
+        return Math.max.apply(null, s.values);
+      }));
       VOCAB.forEach(function (word, x) {
         series.forEach(function (s, k2) {
-          var val = s.values[x], bh = val * h;
-          c.appendChild(H.svg("rect", { x: x * bw + 8 + k2 * 24, y: top + h - bh, width: 22,
+          var val = s.values[x], bh = (val / Math.max(most, 0.05)) * h;
+          c.appendChild(H.svg("rect", { x: x * bw + 14 + k2 * 28, y: top + h - bh, width: 26,
             height: Math.max(bh, 0.5), class: s.cls }));
         });
-        c.appendChild(H.svg("text", { x: x * bw + 32, y: top + h + 16, "text-anchor": "middle",
+        c.appendChild(H.svg("text", { x: x * bw + 42, y: top + h + 16, "text-anchor": "middle",
           class: "attn-label" + (x === highlight ? " attn-strong" : ""), text: word }));
-        c.appendChild(H.svg("text", { x: x * bw + 32, y: top + h + 30, "text-anchor": "middle",
-          class: "attn-num", text: series.map(function (s) { return s.values[x].toFixed(2); })
-            .join(" / ") }));
+        series.forEach(function (s, k2) {
+          c.appendChild(H.svg("text", { x: x * bw + 42, y: top + h + 31 + 14 * k2,
+            "text-anchor": "middle", class: "attn-num attn-small",
+            text: (series.length > 1 ? (k2 ? "q " : "p ") : "") + s.values[x].toFixed(2) }));
+        });
       });
       return c;
     }
