@@ -284,7 +284,8 @@ def test_exercises_show_and_written_solutions_are_absent(browser, server, chapte
     assert not browser.find_elements("css selector", ".solution"), f"{chapter}: a written solution on the page"
 
 
-SEARCH_WORDS = {"attention": "equivariance", "complexity": "crossover", "positional": "ALiBi",
+SEARCH_WORDS = {"attention": "bottleneck", "inside_attention": "equivariance",
+                "complexity": "crossover", "positional": "ALiBi",
                 "sparse": "BigBird", "linear": "Performer", "kv_cache": "paged", "flash": "SRAM",
                 "rnn_attention": "Bahdanau", "vision_attention": "rollout", "graph_attention": "karate",
                 "connections": "Hopfield", "transformer": "induction", "serving": "speculative",

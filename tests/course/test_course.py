@@ -333,7 +333,7 @@ def test_written_exercises_are_the_unchecked_ones_with_their_model_answers():
     assert "A second, colon-fenced answer." in written["test-why"] and ":class:" not in written["test-why"]
     counts = {p.stem: len(course.written_exercises(nbformat.read(p, as_version=4)))
               for p in sorted((ROOT / "book").glob("*.ipynb"))}
-    assert counts["attention"] == 1 and counts["complexity"] == 0
+    assert counts["inside_attention"] == 1 and counts["attention"] == 0 and counts["complexity"] == 0
 
 
 def test_slowest_cell_reads_nbclients_timestamps():

@@ -36,14 +36,17 @@ ENV = {
     "OMP_NUM_THREADS": "1",
     "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
 }
-CHAPTERS = ("attention", "graph_attention")
+CHAPTERS = ("inside_attention", "graph_attention")
 BY_HAND = "attention-equivariance"  # the written exercise the instructor grades (2 points)
+BY_HAND_IN = "inside_attention"  # the chapter that holds it
 # One wrong answer per chapter: (the exercise's label, the answer cell's new source).
 WRONG = {
-    "attention": (
-        "attention-masked-softmax",
-        "def my_masked_softmax(scores, mask=None, temperature=1.0):\n"
-        "    return scores.softmax(-1)  # forgot the mask and the temperature",
+    "inside_attention": (
+        "inside-attention-future-mass",
+        "def future_mass(weights):\n"
+        "    n = weights.shape[-1]\n"
+        "    future = torch.ones(n, n, dtype=torch.bool).triu(0)  # the diagonal too\n"
+        "    return (weights * future).sum(-1).mean(dim=(0, 2))",
     ),
     "graph_attention": (
         "graph-gcn-propagation",
@@ -142,7 +145,7 @@ def course_run(tmp_path_factory):
     os.environ["PATH"] = ENV["PATH"]  # for the Gradebook opened here
 
     with Gradebook(f"sqlite:///{home / 'gradebook.db'}") as gb:
-        grade = gb.find_grade(BY_HAND, "attention", "attention", "solved")
+        grade = gb.find_grade(BY_HAND, BY_HAND_IN, BY_HAND_IN, "solved")
         assert grade.needs_manual_grade and grade.auto_score is None, "autograde leaves it to us"
         # full marks, as formgrader records them: the score, and no manual grade pending
         grade.manual_score = grade.max_score
@@ -190,10 +193,10 @@ def test_released_notebooks_hide_solutions_and_keep_written_answer_cells(course_
 
 
 def test_a_written_exercise_is_worth_its_metadata_points_not_a_fixed_point(course_run):
-    book = nbformat.read(ROOT / "book" / "attention.ipynb", as_version=4)
+    book = nbformat.read(ROOT / "book" / f"{BY_HAND_IN}.ipynb", as_version=4)
     assert BY_HAND in course.written_exercises(book)
     assert book.metadata["attnbook"]["points"][BY_HAND] == 2
-    source = nbformat.read(course_run / "source" / "attention" / "attention.ipynb", as_version=4)
+    source = nbformat.read(course_run / "source" / BY_HAND_IN / f"{BY_HAND_IN}.ipynb", as_version=4)
     assert graded(source)[BY_HAND]["points"] == 2
 
 
@@ -205,7 +208,7 @@ def test_scores_are_zero_full_and_full_minus_the_wrong_exercise(course_run):
         book = nbformat.read(ROOT / "book" / f"{chapter}.ipynb", as_version=4)
         auto = {label: course.notebooks._exercise_points(book, label) for label in course.expected_labels(book)}
         manual = {label: course.notebooks._exercise_points(book, label) for label in course.written_exercises(book)}
-        by_hand = manual[BY_HAND] if chapter == "attention" else 0  # the grade given above
+        by_hand = manual[BY_HAND] if chapter == BY_HAND_IN else 0  # the grade given above
         for student, score in [
             ("blank", 0),
             ("solved", sum(auto.values()) + by_hand),
@@ -237,7 +240,7 @@ def test_the_gradebook_totals_count_written_points_and_flag_written_answers_for_
                 state = [(g.auto_score, g.manual_score, g.needs_manual_grade) for g in grades]
                 if student == "blank":
                     assert state == [(0, None, False)] * len(written), (chapter, student)
-                elif (chapter, student) == ("attention", "solved"):
+                elif (chapter, student) == (BY_HAND_IN, "solved"):
                     assert state == [(None, points[BY_HAND], False)], (chapter, student)
                 else:
                     assert state == [(None, None, True)] * len(written), (chapter, student)

@@ -26,9 +26,9 @@ COLUMN = 720  # the page column, in pixels
 # The chapters in the order of _toc.yml: the manifest lists the diagrams in this order
 # (and, within a chapter, in the order they are registered).
 CHAPTERS = [
-    "attention", "rnn_attention", "transformer", "positional", "complexity", "flash",
-    "kernel_lab", "sparse", "linear", "kv_cache", "serving", "distributed",
-    "vision_attention", "graph_attention", "connections",
+    "attention", "inside_attention", "rnn_attention", "transformer", "positional",
+    "complexity", "flash", "kernel_lab", "sparse", "linear", "kv_cache", "serving",
+    "distributed", "vision_attention", "graph_attention", "connections",
 ]
 
 

@@ -258,16 +258,16 @@ def self_cross_attention() -> Drawing:
     after="## Multi-head attention",
     title="Multi-head attention",
     caption="""Multi-head attention with $h = 4$: one projection each for $Q$, $K$ and
-    $V$, whose width $d = d_{\\text{model}}$ is split into $h$ heads of $d / h$; each
+    $V$, whose width $d$ is split into $h$ heads of $d_k = d / h$; each
     head attends on its own slice, and the heads' outputs are concatenated back to
-    width $d$ and mixed by the output projection $W^O$. The colour of a slice follows
+    width $d$ and mixed by the output projection $W_o$. The colour of a slice follows
     it to its head.""",
     alt="""A flow from top to bottom. The input X of shape L by d feeds three linear
     projections to Q, K and V. Each result is drawn as a bar cut into four coloured
     slices, Q1 to Q4, K1 to K4 and V1 to V4. A note says the width d is split into
     h = 4 heads of d / h. Four head boxes, one per colour, each run attention on their
     own Q, K and V slices. Their outputs are concatenated into one bar of four slices
-    of width d, which passes through the output projection W O to the result MHA(X),
+    of width d, which passes through the output projection W o to the result MHA(X),
     of shape L by d.""",
 )
 def multi_head_attention() -> Drawing:
@@ -290,7 +290,7 @@ def multi_head_attention() -> Drawing:
                      fill=tint(colour, LIGHT))
         d.arrow(head.bottom_mid, (concat.x + 50 * h + 25, concat.y), head=7)
     d.text(412, 344, "concatenate: L × d", anchor="start", size=SMALL, colour=MUTED)
-    proj = d.box(210, 388, 180, 34, "output projection Wᴼ")
+    proj = d.box(210, 388, 180, 34, "output projection Wₒ")
     d.arrow((300, concat.bottom), proj.top_mid)
     out = d.box(230, 454, 140, 40, "MHA(X): L × d", fill=tint(OUTPUT, LIGHT))
     d.arrow(proj.bottom_mid, out.top_mid)

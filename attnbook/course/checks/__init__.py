@@ -218,6 +218,7 @@ from . import (  # noqa: E402,F401
     distributed,
     flash,
     graph,
+    inside_attention,
     kernel_lab,
     kvcache,
     linear,
