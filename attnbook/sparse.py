@@ -777,9 +777,8 @@ def sliding_window_attention(
         return q @ k.transpose(-2, -1) @ v
     right = 0 if is_causal else window
     span = window + right + 1
-    pad = (0, 0, window, right)
-    k_win = torch.nn.functional.pad(k, pad).unfold(-2, span, 1)  # (..., n, E, span)
-    v_win = torch.nn.functional.pad(v, pad).unfold(-2, span, 1)  # (..., n, Ev, span)
+    k_win = _pad_positions(k, window, right).unfold(-2, span, 1)  # (..., n, E, span)
+    v_win = _pad_positions(v, window, right).unfold(-2, span, 1)  # (..., n, Ev, span)
     scores = (q.unsqueeze(-2) * scale) @ k_win  # (..., n, 1, span)
     key_pos = torch.arange(n, device=q.device)[:, None] + torch.arange(
         -window, right + 1, device=q.device
@@ -787,6 +786,16 @@ def sliding_window_attention(
     allowed = ((key_pos >= 0) & (key_pos < n)).unsqueeze(-2)  # (n, 1, span)
     weights = masked_softmax(scores, allowed)  # rows with no key: zeros
     return (weights @ v_win.transpose(-2, -1)).squeeze(-2)
+
+
+def _pad_positions(x: torch.Tensor, before: int, after: int) -> torch.Tensor:
+    """``x`` ``(..., n, E)`` with ``before`` and ``after`` rows of zeros around its
+    positions. ``F.pad`` does the same, but torch 2.9 and older refuse it a tensor with
+    no features."""
+    n = x.shape[-2]
+    out = x.new_zeros(*x.shape[:-2], n + before + after, x.shape[-1])
+    out[..., before : before + n, :] = x
+    return out
 
 
 # --------------------------------------------------------------------------------------
