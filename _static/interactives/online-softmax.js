@@ -177,9 +177,10 @@
           " tiles of " + Bc + ". Press Next tile.";
       } else {
         text = "Tile " + step + " of " + tiles + " (keys " + s.j0 + " to " + (s.j1 - 1) + "): " +
-          "the maximum goes from " + H.fmt(s.mOld, 2) + " to " + H.fmt(s.m, 2) +
-          (s.m > s.mOld && step > 1 ? ", so the old sum is rescaled by " + H.fmt(s.alpha, 3) :
-            step > 1 ? ", unchanged, so the rescale factor is 1" : "") +
+          (step === 1 ? "the maximum starts at " + H.fmt(s.m, 2) :
+            s.m > s.mOld ? "the maximum rises from " + H.fmt(s.mOld, 2) + " to " +
+              H.fmt(s.m, 2) + ", so the old sum and output are rescaled by " + H.fmt(s.alpha, 3) :
+              "the maximum stays " + H.fmt(s.m, 2) + ", so the rescale factor is 1") +
           "; l = " + H.fmt(s.l, 3) + ", running output " + H.fmt(s.out, 4) + ".";
         if (done) {
           var online2 = onlineSoftmax(x, Bc), full2 = softmax(x), worst = 0, exact = 0;
