@@ -223,6 +223,8 @@ from . import (  # noqa: E402,F401
     kvcache,
     linear,
     positional,
+    project_context,
+    project_flash,
     project_serve,
     questions,
     rnn,

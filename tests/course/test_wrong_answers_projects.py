@@ -16,9 +16,6 @@ import torch
 import torch.nn.functional as F
 from wrong_answers import Mistake, mistake_test, verdict
 
-# the checks register on import (attnbook.course.checks imports them too)
-import attnbook.course.checks.project_context  # noqa: F401
-import attnbook.course.checks.project_flash  # noqa: F401,E402
 
 PROJECTS = Path(__file__).resolve().parents[2] / "book" / "projects"
 
