@@ -568,7 +568,7 @@ def test_the_intros_chapter_map_lists_every_chapter():
 def test_the_declared_torch_floor_has_what_the_package_calls():
     """The package calls SDPA with enable_gqa and FlexAttention (torch 2.5) and nn.RMSNorm
     (2.4): the floor in pyproject is at least 2.5, so pip never pairs attnbook with a torch
-    that lacks them."""
+    that lacks them (it is 2.9: tests/book/test_min_versions.py runs the tests on it)."""
     deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
     floor = next(d for d in deps if d.startswith("torch")).split(">=")[1]
     assert tuple(map(int, floor.split(".")[:2])) >= (2, 5), floor
