@@ -26,14 +26,15 @@ from attnbook.course.checks.library import Library, allowed, code_references, fo
 
 ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
-CHECK_CALL = re.compile(r"exercises\.check\(\s*\"([^\"]+)\"")
+CHECK_CALL = re.compile(r"\bcheck\(\s*\"([^\"]+)\"")
 
 
 def _book_answers():
     """label -> (notebook name, [(answer source, setup sources)]): each solution cell of a
-    chapter, with the code cells that run before it (the book's, and the earlier answers)."""
+    chapter or a project, with the code cells that run before it (the book's, and the earlier
+    answers); a project's hidden test has the answers of its milestone's public check."""
     found = {}
-    for path in sorted(BOOK.glob("*.ipynb")):
+    for path in sorted(BOOK.glob("*.ipynb")) + sorted(BOOK.glob("projects/*.ipynb")):
         cells = [c for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code"]
         pending = []
         for index, cell in enumerate(cells):
@@ -47,6 +48,8 @@ def _book_answers():
                     [(cells[i].source, [c.source for c in cells[:i]]) for i in pending],
                 )
                 pending = []
+            elif match and match.group(1).removesuffix("-hidden") in found:
+                found[match.group(1)] = found[match.group(1).removesuffix("-hidden")]
     return found
 
 

@@ -243,7 +243,6 @@ _FLASH_POLICY = forbid(
     "attnbook.kernels",
     "attnbook.sparse",
     "attnbook.core.scaled_dot_product_attention",
-    "attnbook.core.attention_weights",
     why="The milestone asks you to write the tiled forward pass, which "
     "attnbook.flash.flash_forward and FlexAttention's reference implement.",
 )
