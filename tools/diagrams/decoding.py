@@ -201,9 +201,9 @@ def gqa_heads() -> Drawing:
     chapter="kv_cache",
     after="## Sliding-window caches",
     title="A sliding-window cache as a ring buffer",
-    caption="""A sliding-window cache of $W = 4$ slots: position $p$ goes to slot
-    $p \\bmod W$, overwriting position $p - W$, which no later query needs. The memory
-    stays at $W$ slots however long the generation; reading the slots in position
+    caption="""A sliding-window cache of $w = 4$ slots: position $p$ goes to slot
+    $p \\bmod w$, overwriting position $p - w$, which no later query needs. The memory
+    stays at $w$ slots however long the generation; reading the slots in position
     order gives the window oldest first.""",
     alt="""Top, a row of ten positions, 0 to 9, each coloured by its slot p mod 4,
     so the four colours repeat. Below, the buffer of four slots after 4, 7 and 10

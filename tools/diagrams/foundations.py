@@ -426,7 +426,7 @@ def _arc(cx: float, cy: float, r: float, a0: float, a1: float) -> str:
     caption="""RoPE on one pair of coordinates (left): the query at position $m = 1$ is
     turned by $m\\theta$, the key at $n = 3$ by $n\\theta$, so the angle between them,
     and with it their score, depends on $n - m$ only. Right: the pairs of a
-    $d = 8$ head turn at the frequencies $\\theta_f = 10000^{-2f/d}$, shown at
+    $d_k = 8$ head turn at the frequencies $\\theta_f = 10000^{-2f/d_k}$, shown at
     position $m = 6$; look at how little the last pairs move.""",
     alt="""Left: a circle with a dashed grey vector for q and k before rotation, both
     pointing at 10 degrees. The rotated query R_m q, in blue, points at 35 degrees and
@@ -481,7 +481,7 @@ def rope_rotation() -> Drawing:
     title="ALiBi's bias: distance times a slope per head",
     caption="""ALiBi's bias for a causal model with 4 heads and 6 positions, from
     `attnbook.positional.alibi_bias`: one matrix of distances, multiplied by each
-    head's fixed slope $m_h$ (`alibi_slopes`). Look at how fast the colour darkens
+    head's fixed slope $m_r$ (`alibi_slopes`). Look at how fast the colour darkens
     away from the diagonal in head 1 and how pale head 4 stays: the steep head is
     local, the shallow one nearly ignores distance.""",
     alt="""Left, a 6 by 6 lower-triangular grid of the negative distances -(i - j): 0
@@ -544,9 +544,9 @@ def _matrix(d: Drawing, x: float, cy: float, rows: int, cols: int, name: str,
     after="## The kernel view of attention",
     title="Linear attention: the same product in two orders",
     caption="""Without the softmax, the product of three matrices can be taken in
-    either order, drawn to scale for $n = 8$ tokens and $M = d = 3$. Multiplying
+    either order, drawn to scale for $n = 8$ tokens and $M = d_k = d_v = 3$. Multiplying
     $\\phi(Q)\\phi(K)^\\top$ first builds the $n \\times n$ matrix; multiplying
-    $\\phi(K)^\\top V$ first builds only the $M \\times d$ summary $S$, so the cost
+    $\\phi(K)^\\top V$ first builds only the $M \\times d_v$ summary $S$, so the cost
     grows linearly with $n$. (The normalizer $\\phi(q_i)^\\top z$ is left out.)""",
     alt="""Two rows of matrices drawn to scale. Top, order 1: phi(Q), n by M, times
     phi(K) transposed, M by n, gives a large n by n square, which times V, n by d,
@@ -751,7 +751,7 @@ def vit_patches() -> Drawing:
     caption="""A GAT layer updating node 2: it attends to its neighbours and to itself,
     $N(i) \\cup \\{i\\}$, with weights $\\alpha_{ij}$ (line thickness, illustrative
     values), and never to the other nodes. On the right the same thing as a mask: row
-    2 of the $N \\times N$ adjacency matrix with self-loops, exactly like a causal
+    2 of the $n \\times n$ adjacency matrix with self-loops, exactly like a causal
     mask's row.""",
     alt="""Left, a small graph of eight nodes numbered 0 to 7. Node 2, in the middle,
     receives arrows from its neighbours 0, 3, 5 and 6, with weights 0.35, 0.10, 0.20

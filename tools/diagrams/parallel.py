@@ -133,7 +133,7 @@ def zigzag_layout() -> Drawing:
     chapter="distributed",
     after="## DeepSpeed-Ulysses: from sequence shards to head shards",
     title="Ulysses' all-to-all: sequence shards to head shards",
-    caption="""DeepSpeed-Ulysses on $W = 4$ ranks with $H = 8$ heads and $L = 16$
+    caption="""DeepSpeed-Ulysses on $W = 4$ ranks with $h = 8$ heads and $n = 16$
     positions; each cell is a slice of $q$, $k$ and $v$ coloured by the rank that
     holds it. Before, rank $r$ holds every head of its quarter of the sequence; one
     all-to-all gives it 2 heads over the whole sequence, an ordinary attention
