@@ -94,8 +94,8 @@ def student_notebook(nb, name: str = "notebook"):
 
     nb, problems = copy.deepcopy(nb), []
     for index, cell in enumerate(nb.cells):
-        if cell.cell_type != "code":
-            continue
+        if cell.cell_type != "code" or HIDDEN in cell.get("metadata", {}).get("tags", []):
+            continue  # a hidden test is checked beside its public check, and dropped
         alone = nbformat.v4.new_notebook(cells=[copy.deepcopy(cell)])
         try:
             _strip_solutions()(alone, name=name)

@@ -229,3 +229,16 @@ def test_otter_keeps_the_hidden_tests_for_the_autograder(tmp_path):
     for label in SERVE_LABELS:
         assert tests[label]["score"] == points[label], tests[label]
         assert tests[label]["max_score"] == points[label] + points[f"{label}-hidden"]
+
+
+@pytest.mark.parametrize("name", BOOK)
+def test_the_student_editions_download_has_no_hidden_test(name, tmp_path):
+    """The student edition rewrites the notebooks offered for download (``_sources/``) as
+    ``editions.student_notebook`` gives them."""
+    editions = load_script(ROOT / "_ext" / "editions.py")
+    student, problems = editions.student_notebook(BOOK[name], f"{name}.ipynb")
+    assert not problems and "-hidden" not in _text(student)
+    assert editions.has_solutions(BOOK[name]) and not editions.has_solutions(student)
+    nbformat.write(BOOK[name], tmp_path / f"{name}.ipynb")
+    assert editions.strip_sources(tmp_path) == [tmp_path / f"{name}.ipynb"]
+    assert "-hidden" not in (tmp_path / f"{name}.ipynb").read_text()
