@@ -40,6 +40,7 @@ BRANCH = CONFIG["sphinx"]["config"]["attnbook_student_branch"]
 TEXT_FILES = {".html", ".js", ".txt", ".md", ".ipynb", ".json", ".log", ".py", ".rst", ".xml", ".css"}
 
 editions = load_script(ROOT / "_ext" / "editions.py")
+record_outputs = load_script(ROOT / "tools" / "record_outputs.py")
 
 # --------------------------------------------------------------------------------------------------
 # The solutions of the chapters, and what counts as their text
@@ -126,6 +127,11 @@ def _output_text(cell) -> str:
         texts.append("".join(output.get("text", "")))
         texts += ["".join(value) for mime, value in output.get("data", {}).items()
                   if mime.startswith("text/") or mime.endswith("json")]
+        glued = "".join(output.get("data", {}).get("application/papermill.record/text/plain", ""))
+        if glued:  # a number glued into the prose: shown there, maybe with thousands separators
+            texts.append(glued)
+            if re.fullmatch(r"-?\d+", glued.strip()):
+                texts.append(f"{int(glued):,}")
         texts.append("\n".join(output.get("traceback", [])))
     return "\n".join(texts)
 
@@ -298,6 +304,9 @@ def test_the_search_index_has_no_word_only_a_solution_uses(chapter):
     if not (EXECUTED / f"{chapter}.ipynb").exists():
         pytest.fail(f"{EXECUTED} has no {chapter}.ipynb: run `make book`")
     executed = nbformat.read(EXECUTED / f"{chapter}.ipynb", as_version=4)
+    cached = record_outputs.executed_notebook(ROOT / "book" / f"{chapter}.ipynb")
+    if cached is not None:  # jupyter-book writes a chapter it took from its cache without outputs
+        executed = nbformat.from_dict(cached)
     outputs = [_output_text(c) for c in executed.cells
                if c.cell_type == "code" and "solution" not in c.metadata.get("tags", [])]
     # what the page shows besides the cells' sources: their outputs, and the figures' captions and
