@@ -208,18 +208,31 @@ def glue(name: str, value, *, display: bool = False):
 
     The website's prose quotes a number a cell computed as ``{glue:text}`name:.1f```
     (myst-nb's glue), so the text and the output beside it come from the same run and
-    cannot disagree. Where myst-nb is not installed (Colab, a plain Jupyter) nothing is
-    recorded: the cell's printed output carries the number there.
+    cannot disagree. The record is the display data myst-nb reads (its format, written
+    here so that a kernel without myst-nb, such as a grading kernel, records it too);
+    ``display=True`` also shows the value. Outside IPython nothing is recorded.
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"glue: name must be an identifier, got {name!r}")
     check_flag("glue", "display", display)
     try:
-        from myst_nb import glue as record
-    except ImportError:  # pragma: no cover - myst-nb comes with the book extras
+        from IPython import get_ipython
+        from IPython.core.formatters import DisplayFormatter
+        from IPython.display import display as show
+    except ImportError:  # pragma: no cover - IPython comes with ipywidgets
         return value
-    record(name, value, display=display)
+    if get_ipython() is None:
+        return value
+    bundle, metadata = DisplayFormatter().format(value)
+    prefix = "" if display else _GLUE_PREFIX
+    metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
+    show({prefix + mime: data for mime, data in bundle.items()}, raw=True, metadata=metadata)
     return value
+
+
+#: The MIME prefix of a glued value that is recorded and not shown (myst-nb's, after
+#: papermill's scrapbook).
+_GLUE_PREFIX = "application/papermill.record/"
 
 
 _DEF = ("def ", "class ", "async def ")
