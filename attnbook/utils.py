@@ -226,7 +226,8 @@ def glue(name: str, value, *, display: bool = False):
     bundle, metadata = DisplayFormatter().format(value)
     prefix = "" if display else _GLUE_PREFIX
     metadata["scrapbook"] = {"name": name, "mime_prefix": prefix}
-    show({prefix + mime: data for mime, data in bundle.items()}, raw=True, metadata=metadata)
+    record = {prefix + mime: data for mime, data in bundle.items()}
+    show(record, raw=True, metadata=metadata)
     return value
 
 

@@ -9,6 +9,7 @@ from test_bad_input import Bad
 from attnbook.utils import (
     check_positive,
     default_device,
+    glue,
     gpu_report,
     largest_new_tensor,
     seed_everything,
@@ -51,5 +52,9 @@ ROWS = [
     Bad("check_positive", "zero", lambda: check_positive("Cache", window=0), ("Cache", "window")),
     Bad("check_positive", "boolean", lambda: check_positive(block=True), ("check_positive", "block")),
     Bad("check_positive", "wrong-type", lambda: check_positive(3, block=2), ("check_positive", "fn")),
+    Bad("glue", "wrong-type", lambda: glue(3, 1.0), ("glue", "name")),
+    Bad("glue", "empty", lambda: glue("", 1.0), ("glue", "name")),
+    Bad("glue", "out-of-range", lambda: glue("two words", 1.0), ("glue", "name")),
+    Bad("glue", "wrong-type", lambda: glue("ops", 1.0, display="yes"), ("glue", "display")),
 ]
 EXEMPT = {"single_thread": "a context manager that takes no argument"}

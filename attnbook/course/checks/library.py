@@ -1188,9 +1188,9 @@ def policy_table() -> str:
     answers are letters and numbers, which may use anything), in the order the checks
     are registered: its label, whether the answer may use the library (and
     why), what the grader detects, and what it does not detect beyond what it misses
-    everywhere. A project's hidden test (label ``...-hidden``) has its milestone's policy
-    and no row: the public page does not name it. The grading page's trust model
-    (``book/grading.md``) holds this table, and a test keeps the two equal."""
+    everywhere. A project's hidden test (label ``...-hidden``) has its milestone's
+    policy and no row: the public page does not name it. The grading page's trust
+    model (``book/grading.md``) holds this table, and a test keeps the two equal."""
     from . import CHECKS
 
     rows = [
